@@ -1,0 +1,35 @@
+"""FedAvg + local fine-tuning (FedAvg-FT): train FedAvg; to evaluate, each client fine-tunes
+the current global model on its own training split and is scored with the fine-tuned model.
+
+This is the "FedAvg-FT" / "finetune" personalization baseline of the MAP, GPFL and pFedSim
+papers. Fine-tuning happens only at evaluation time and never feeds back into training, so the
+training trajectory is exactly FedAvg's. Defaults: ``ft_epochs`` = 1 epoch at the training
+learning rate (``ft_lr`` overrides it).
+
+Deviations: MAP scores "the local model after E local epochs" of the selected clients only;
+this scores every client after ``ft_epochs`` of fine-tuning from the same global model.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from pflkit.algorithms.base import State, register, train_from
+from pflkit.algorithms.fedavg import FedAvg
+
+
+@register
+class FedAvgFT(FedAvg):
+    name = "fedavg_ft"
+    description = "FedAvg + local fine-tuning before evaluation (the FedAvg-FT baseline)"
+
+    class Params(FedAvg.Params):
+        ft_epochs: int = Field(1, gt=0)
+        ft_lr: float | None = Field(None, gt=0)
+
+    def personal_weights(self, server: State, cid: int, state: State):
+        lr = self.params.ft_lr or self.ctx.cfg.train.lr
+        weights, _ = train_from(
+            self.ctx, cid, server["weights"], epochs=self.params.ft_epochs, lr=lr
+        )
+        return weights

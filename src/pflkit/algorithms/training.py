@@ -1,0 +1,97 @@
+"""Shared training helpers: the one local-SGD loop, evaluation, weights as plain dicts.
+
+Algorithms never write their own batch loop: they call :func:`local_sgd` with a pluggable
+loss. Data are preloaded tensors and batches are drawn by index permutation (no DataLoader),
+so the loop costs what a hand-written PyTorch loop costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Weights = dict[str, Tensor]
+LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
+
+
+def get_weights(model: nn.Module) -> Weights:
+    """A detached copy of the model's state (parameters and buffers)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def set_weights(model: nn.Module, weights: Mapping[str, Tensor], strict: bool = True) -> None:
+    """Load ``weights`` into ``model`` in place (no new module, no re-allocation)."""
+    state = model.state_dict()
+    if strict and state.keys() != weights.keys():
+        missing = sorted(set(state) - set(weights))[:3]
+        extra = sorted(set(weights) - set(state))[:3]
+        raise KeyError(f"weights do not match the model: missing {missing}, unexpected {extra}")
+    for k, v in weights.items():
+        state[k].copy_(v)
+
+
+def select(weights: Mapping[str, Tensor], prefix: str) -> Weights:
+    """The entries whose name starts with ``prefix`` (e.g. ``"body."`` or ``"head."``)."""
+    return {k: v for k, v in weights.items() if k.startswith(prefix)}
+
+
+def cross_entropy(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    return F.cross_entropy(model(x), y)
+
+
+def local_sgd(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    loss_fn: LossFn = cross_entropy,
+    params: Iterable[Tensor] | None = None,
+) -> float:
+    """Train ``model`` in place with mini-batch SGD; return the mean training loss.
+
+    Each epoch visits every sample once in a fresh random order drawn from torch's global RNG
+    (the engine seeds it per client and round, which makes runs reproducible and resumable).
+    ``params`` restricts which tensors are optimised (default: all parameters).
+    """
+    model.train()
+    opt = torch.optim.SGD(
+        model.parameters() if params is None else params,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+    )
+    n = len(y)
+    total = torch.zeros(())
+    steps = 0
+    for _ in range(epochs):
+        perm = torch.randperm(n)
+        for i in range(0, n, batch_size):
+            idx = perm[i : i + batch_size]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model, x[idx], y[idx])
+            loss.backward()
+            opt.step()
+            total += loss.detach()
+            steps += 1
+    return float(total) / max(steps, 1)
+
+
+@torch.inference_mode()
+def predict(model: nn.Module, x: Tensor, batch_size: int = 1000) -> Tensor:
+    """Logits of ``model`` on ``x`` in eval mode, in large batches."""
+    model.eval()
+    return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+
+
+def accuracy_and_loss(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-sample correctness (bool) and cross-entropy loss."""
+    return logits.argmax(1) == y, F.cross_entropy(logits, y, reduction="none")

@@ -1,0 +1,182 @@
+"""Typed experiment configuration: a YAML file plus ``--set key=value`` overrides.
+
+Every section is a pydantic model with ``extra="forbid"``, so a misspelt key is an error, not a
+silently ignored setting. Algorithm hyper-parameters live under ``algorithm:`` next to its
+``name`` and are validated by that algorithm's own ``Params`` model (see
+:mod:`pflkit.algorithms`). Validation errors are turned into one :class:`PflkitError` sentence.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pflkit.errors import PflkitError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PublicConfig(_Section):
+    """Unlabelled public/reference set (KT-pFL, FedMD, FedDF)."""
+
+    dataset: str = "mnist5k"
+    size: int = Field(3000, gt=0)
+
+
+class DataConfig(_Section):
+    dataset: str = "fashion_mnist"
+    root: str | None = None  # default: $PFLKIT_DATA or ~/.cache/pflkit/data
+    download: bool = True
+    options: dict[str, Any] = {}  # passed to the source loader (e.g. emnist split)
+    subset: int | None = Field(None, gt=0)  # keep a random subset of the training set
+    num_clients: int = Field(20, gt=0)
+    partition: dict[str, Any] = {"name": "dirichlet", "alpha": 0.1}
+    test_fraction: float = Field(0.25, gt=0, lt=1)  # each client's local test split
+    public: PublicConfig | None = None
+    cache: bool = True  # cache partitions on disk, keyed by a hash of their parameters
+    seed: int = 0  # partition seed, separate from the training seed (compare keeps it fixed)
+
+    @field_validator("partition")
+    @classmethod
+    def _has_name(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "name" not in v:
+            raise ValueError("needs a 'name' (e.g. {name: dirichlet, alpha: 0.1})")
+        return v
+
+
+class ModelConfig(_Section):
+    name: str = "cnn4"
+    options: dict[str, Any] = {}
+    # Heterogeneous clients: a list of architecture names, cycled over client ids.
+    per_client: list[str] | None = None
+
+
+class TrainConfig(_Section):
+    rounds: int = Field(50, gt=0)
+    client_fraction: float = Field(1.0, gt=0, le=1)
+    local_epochs: int = Field(1, gt=0)
+    batch_size: int = Field(10, gt=0)
+    lr: float = Field(0.005, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class EvalConfig(_Section):
+    every: int = Field(1, gt=0)  # evaluate every N rounds (and always at the last round)
+    batch_size: int = Field(1000, gt=0)
+    global_model: bool = True  # score the server model on the global test set
+
+
+class OutputConfig(_Section):
+    dir: str = "runs"
+    checkpoint_every: int = Field(0, ge=0)  # 0: only at the end
+    progress: bool = True
+
+
+class CompareConfig(_Section):
+    """What ``pflkit compare`` runs: algorithms (a name, or a dict with name and parameters)
+    and training seeds. All runs share one partition (``data.seed``)."""
+
+    algorithms: list[str | dict[str, Any]] = ["local", "fedavg", "fedavg_ft"]
+    seeds: list[int] = Field([0, 1, 2], min_length=1)
+
+
+class ExperimentConfig(_Section):
+    name: str = "experiment"
+    seed: int = 0
+    device: str = "cpu"
+    threads: int | None = Field(None, gt=0)  # torch intra-op threads; default: torch's choice
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    algorithm: dict[str, Any] = {"name": "fedavg"}
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    output: OutputConfig = OutputConfig()
+    compare: CompareConfig = CompareConfig()
+
+    @field_validator("algorithm")
+    @classmethod
+    def _algo_has_name(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "name" not in v:
+            raise ValueError("needs a 'name' (e.g. {name: fedavg})")
+        return v
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _describe(err: ValidationError) -> str:
+    e = err.errors()[0]
+    where = ".".join(str(p) for p in e["loc"]) or "config"
+    value = e.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        return f"unknown config key '{where}': remove it or check its spelling"
+    return f"invalid config value '{where}'{shown}: {msg}"
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set`` value as YAML (numbers, booleans, lists, dicts), else keep the string."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides to a raw config dict (returns a new dict)."""
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PflkitError(f"invalid --set '{item}': write it as key=value, e.g. train.rounds=5")
+        node = raw
+        parts = key.split(".")
+        for p in parts[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise PflkitError(f"invalid --set '{item}': '{p}' is not a section")
+            node = child
+        node[parts[-1]] = parse_value(value)
+    return raw
+
+
+def validate(raw: dict[str, Any]) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise PflkitError(_describe(err)) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise PflkitError(f"cannot read config file '{path}': {err.strerror or err}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise PflkitError(f"config file '{path}' is not valid YAML{at}: fix the syntax") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise PflkitError(
+            f"config file '{path}' must be a mapping of sections, not a {type(raw).__name__}"
+        )
+    return raw
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a YAML config (or start from defaults), apply overrides, validate."""
+    raw = read_yaml(path) if path is not None else {}
+    return validate(apply_overrides(raw, overrides or []))

@@ -1,0 +1,1 @@
+"""Data: sources (official file formats, downloads), partitioners, FederatedDataset."""

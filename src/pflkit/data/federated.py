@@ -1,0 +1,203 @@
+"""FederatedDataset: a source split over clients, each with local train/test tensors.
+
+Built from a :class:`~pflkit.config.DataConfig`:
+
+1. load the source (official train set, official test set when it has one);
+2. optionally keep a random ``subset`` of the training set;
+3. partition the training set over ``num_clients`` clients (``data.partition``);
+4. split each client's samples at random into local train / local test
+   (``test_fraction`` of them, at least one, go to test);
+5. keep the official test set whole as the global test set (sources without one, e.g. FEMNIST
+   or the MNIST-5k subset, use the union of the clients' local test splits, as LEAF does);
+6. optionally draw a public set (``data.public``) from another source.
+
+All randomness comes from ``data.seed``, so the partition does not change with the training
+seed: ``pflkit compare`` runs every seed on the same partition. Steps 2-4 are cached on disk,
+keyed by a hash of every parameter that affects them (:attr:`FederatedDataset.partition_id`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pflkit.config import DataConfig
+from pflkit.data.partition import class_table, partition
+from pflkit.data.sources import default_data_root, load_source
+from pflkit.errors import PflkitError
+
+
+@dataclass
+class ClientData:
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+
+
+@dataclass
+class FederatedDataset:
+    name: str
+    clients: list[ClientData]
+    test_x: Tensor  # global test set
+    test_y: Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    partition_id: str
+    train_indices: list[np.ndarray]  # per client, into the source's training set
+    test_indices: list[np.ndarray]
+    public_x: Tensor | None = None  # unlabelled public set, when configured
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def class_table(self, split: str = "train") -> np.ndarray:
+        """[num_clients, num_classes] sample counts of the local train (or test) splits."""
+        ys = [c.train_y if split == "train" else c.test_y for c in self.clients]
+        return class_table(torch.cat(ys).numpy(), _offsets_to_parts(ys), self.num_classes)
+
+
+def _offsets_to_parts(ys: list[Tensor]) -> list[np.ndarray]:
+    ends = np.cumsum([len(y) for y in ys])
+    return [np.arange(e - len(y), e) for e, y in zip(ends, ys, strict=True)]
+
+
+def partition_key(cfg: DataConfig, seed: int, num_train: int) -> str:
+    spec = {
+        "dataset": cfg.dataset,
+        "options": cfg.options,
+        "subset": cfg.subset,
+        "num_clients": cfg.num_clients,
+        "partition": cfg.partition,
+        "test_fraction": cfg.test_fraction,
+        "seed": seed,
+        "num_train": num_train,
+        "version": 1,
+    }
+    text = json.dumps(spec, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _split_clients(
+    cfg: DataConfig, labels: np.ndarray, groups: np.ndarray | None, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    rng = np.random.default_rng([seed, 1])
+    keep = np.arange(len(labels))
+    if cfg.subset is not None and cfg.subset < len(labels):
+        keep = np.sort(rng.choice(len(labels), cfg.subset, replace=False))
+    params = {k: v for k, v in cfg.partition.items() if k != "name"}
+    parts = partition(
+        cfg.partition["name"],
+        labels[keep],
+        cfg.num_clients,
+        seed,
+        groups=None if groups is None else groups[keep],
+        **params,
+    )
+    train_idx, test_idx = [], []
+    for cid, part in enumerate(parts):
+        if len(part) < 2:
+            raise PflkitError(
+                f"client {cid} got {len(part)} sample(s) from partitioner "
+                f"'{cfg.partition['name']}', too few for a train/test split: use fewer clients "
+                f"or a milder partition"
+            )
+        idx = keep[rng.permutation(part)]
+        n_test = max(int(cfg.test_fraction * len(idx)), 1)
+        test_idx.append(np.sort(idx[:n_test]))
+        train_idx.append(np.sort(idx[n_test:]))
+    return train_idx, test_idx
+
+
+def _cached_split(cfg, labels, groups, seed, cache_dir: Path | None):
+    key = partition_key(cfg, seed, len(labels))
+    path = cache_dir / f"{key}.npz" if cache_dir else None
+    if path and path.exists():
+        try:
+            with np.load(path) as z:
+                n = int(z["num_clients"])
+                return key, [z[f"tr{i}"] for i in range(n)], [z[f"te{i}"] for i in range(n)]
+        except (OSError, KeyError, ValueError):
+            pass  # unreadable cache entry: recompute and overwrite it
+    train_idx, test_idx = _split_clients(cfg, labels, groups, seed)
+    if path:
+        arrays = {f"tr{i}": a for i, a in enumerate(train_idx)}
+        arrays |= {f"te{i}": a for i, a in enumerate(test_idx)}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, num_clients=len(train_idx), **arrays)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # caching is an optimisation; a read-only data dir must not fail the run
+    return key, train_idx, test_idx
+
+
+def build_federated(cfg: DataConfig) -> FederatedDataset:
+    """Load, partition and split ``cfg.dataset`` (deterministic in ``cfg``, seed included)."""
+    seed = cfg.seed
+    root = Path(cfg.root) if cfg.root else default_data_root()
+    src = load_source(cfg.dataset, root, download=cfg.download, **cfg.options)
+    labels = src.train_y.numpy()
+    cache_dir = root / "partitions" if cfg.cache else None
+    key, train_idx, test_idx = _cached_split(cfg, labels, src.train_groups, seed, cache_dir)
+
+    clients = [
+        ClientData(src.train_x[tr], src.train_y[tr], src.train_x[te], src.train_y[te])
+        for tr, te in zip(train_idx, test_idx, strict=True)
+    ]
+    if src.test_x is not None:
+        test_x, test_y = src.test_x, src.test_y
+    else:
+        test_x = torch.cat([c.test_x for c in clients])
+        test_y = torch.cat([c.test_y for c in clients])
+
+    public_x = None
+    if cfg.public is not None:
+        public_x = _public_set(cfg, root, src.num_classes, tuple(src.train_x.shape[1:]), seed)
+
+    return FederatedDataset(
+        name=cfg.dataset,
+        clients=clients,
+        test_x=test_x,
+        test_y=test_y,
+        num_classes=src.num_classes,
+        input_shape=tuple(src.train_x.shape[1:]),
+        partition_id=key,
+        train_indices=train_idx,
+        test_indices=test_idx,
+        public_x=public_x,
+    )
+
+
+def _public_set(cfg: DataConfig, root: Path, num_classes: int, shape: tuple, seed: int) -> Tensor:
+    pub = cfg.public
+    assert pub is not None
+    src = load_source(pub.dataset, root, download=cfg.download)
+    if src.num_classes != num_classes:
+        raise PflkitError(
+            f"public set '{pub.dataset}' has {src.num_classes} classes but the task "
+            f"'{cfg.dataset}' has {num_classes}: choose a public set with {num_classes} classes"
+        )
+    if tuple(src.train_x.shape[1:]) != shape:
+        raise PflkitError(
+            f"public set '{pub.dataset}' has inputs of shape {tuple(src.train_x.shape[1:])} but "
+            f"'{cfg.dataset}' has {shape}: choose a public set with the same input shape"
+        )
+    if pub.size > len(src.train_x):
+        raise PflkitError(
+            f"public set size {pub.size} exceeds the {len(src.train_x)} samples of "
+            f"'{pub.dataset}': set data.public.size <= {len(src.train_x)}"
+        )
+    idx = np.random.default_rng([seed, 2]).choice(len(src.train_x), pub.size, replace=False)
+    return src.train_x[np.sort(idx)]

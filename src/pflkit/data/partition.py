@@ -1,0 +1,538 @@
+"""Partitioners: split a labelled training set over federated clients.
+
+Every partitioner is a function ``fn(labels, num_clients, rng, **params)`` that returns one
+sorted ``int64`` array of sample indices per client. Use them through :func:`partition`, which
+validates the name, the parameters and the client count, seeds ``np.random.default_rng(seed)``
+(no global RNG anywhere) and checks the result.
+
+Guarantees, for every partitioner:
+
+- deterministic given ``(params, seed)``;
+- no sample is given to two clients, and every client gets at least one sample;
+- the whole set is used (no sample lost) by ``iid``, ``dirichlet``, ``pathological`` and
+  ``incomplete``. By design ``nway_kshot`` uses only a subset (FedProto's n-way k-shot tasks use
+  about 6k-10k of MNIST's 60k images), and ``natural`` uses only the selected groups when
+  ``num_clients`` is below the number of groups; the unused samples are returned nowhere.
+
+Classes are the distinct values of ``labels``; their count ``C`` is ``len(np.unique(labels))``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pflkit.errors import PflkitError, unknown_name
+
+# Bound on whole-partition redraws (dirichlet min_size, incomplete coverage/min size).
+MAX_TRIES = 1000
+
+
+@dataclass(frozen=True)
+class PartitionerInfo:
+    """A registered partitioner."""
+
+    name: str
+    description: str  # one line for `pflkit list`
+    fn: Callable[..., list[np.ndarray]]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _check_int(name: str, value: Any, low: int | None = None, partitioner: str = "") -> int:
+    where = f"partitioner '{partitioner}': " if partitioner else ""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise PflkitError(f"{where}{name} must be an integer (got {value!r}); pass a whole number.")
+    value = int(value)
+    if low is not None and value < low:
+        raise PflkitError(f"{where}{name} must be >= {low} (got {value}); pass a larger value.")
+    return value
+
+
+def _check_float(name: str, value: Any, partitioner: str = "") -> float:
+    where = f"partitioner '{partitioner}': " if partitioner else ""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise PflkitError(f"{where}{name} must be a number (got {value!r}); pass a number.")
+    value = float(value)
+    if not np.isfinite(value):
+        raise PflkitError(f"{where}{name} must be finite (got {value}); pass a finite number.")
+    return value
+
+
+def _class_indices(labels: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Distinct classes and, per class, its sample indices in dataset order."""
+    classes, inverse = np.unique(labels, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse, minlength=len(classes)))[:-1]
+    return classes, np.split(order, bounds)
+
+
+def _finish(parts: list[list[np.ndarray]] | list[np.ndarray]) -> list[np.ndarray]:
+    out = []
+    for p in parts:
+        if isinstance(p, list):
+            p = np.concatenate(p) if p else np.empty(0, dtype=np.int64)
+        out.append(np.sort(np.asarray(p, dtype=np.int64)))
+    return out
+
+
+def _even_counts(total: int, m: int) -> np.ndarray:
+    """Split ``total`` into ``m`` counts that differ by at most one."""
+    counts = np.full(m, total // m, dtype=np.int64)
+    counts[: total % m] += 1
+    return counts
+
+
+# --------------------------------------------------------------------------------------------
+# partitioners
+
+
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffle all samples and split them evenly (client sizes differ by at most one)."""
+    perm = rng.permutation(len(labels))
+    return _finish(np.array_split(perm, num_clients))
+
+
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    alpha: float,
+    min_size: int = 10,
+) -> list[np.ndarray]:
+    """Label skew: for every class, client shares ~ Dir(alpha).
+
+    Follows PFLlib's ``separate_data(partition="dir")`` variant (itself from MOON / IBM's PFNM
+    ``experiment.py``, the same as FL-bench's 2023 partitioner, see specs/pfedsim.md §4.2): for
+    each class, shuffle its samples, draw p ~ Dir(alpha * 1_n) over the clients, zero the share
+    of every client that already holds >= N/n samples, renormalise, and cut the shuffled class
+    at ``floor(cumsum(p) * N_c)``. The whole draw is repeated until every client holds at least
+    ``min_size`` samples (at most ``MAX_TRIES`` draws, then a clear error). Differences from
+    PFLlib: ``min_size`` defaults to 10 (PFLlib's ``least_samples`` is 1, 40 or
+    min(40, N/n/2) depending on the version) and the random stream is ``default_rng(seed)``.
+    If a draw leaves a class with no eligible share (possible for tiny alpha, where Dir draws
+    underflow to zero) the class goes whole to one random eligible client.
+    Uses every sample.
+    """
+    alpha = _check_float("alpha", alpha, "dirichlet")
+    if alpha <= 0:
+        raise PflkitError(
+            f"alpha must be > 0 (got {alpha:g}); use e.g. alpha=0.1 for strong label skew "
+            "or alpha=100 for nearly IID."
+        )
+    min_size = _check_int("min_size", min_size, 1, "dirichlet")
+    n_total = len(labels)
+    if min_size * num_clients > n_total:
+        raise PflkitError(
+            f"dirichlet: min_size={min_size} for {num_clients} clients needs "
+            f"{min_size * num_clients} samples but the dataset has {n_total}; lower min_size "
+            "or use fewer clients."
+        )
+    _, class_idx = _class_indices(labels)
+    cap = n_total / num_clients
+
+    for _ in range(MAX_TRIES):
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        cuts: list[tuple[np.ndarray, np.ndarray]] = []
+        for idx in class_idx:
+            idx = rng.permutation(idx)
+            p = rng.dirichlet(np.full(num_clients, alpha))
+            p = np.nan_to_num(p, nan=0.0) * (sizes < cap)
+            if p.sum() <= 0:
+                eligible = np.flatnonzero(sizes < cap)
+                p = np.zeros(num_clients)
+                p[rng.choice(eligible) if len(eligible) else rng.integers(num_clients)] = 1.0
+            p = p / p.sum()
+            bounds = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
+            bounds = np.clip(bounds, 0, len(idx))
+            counts = np.diff(np.concatenate(([0], bounds, [len(idx)])))
+            sizes += counts
+            cuts.append((idx, bounds))
+        if sizes.min() >= min_size:
+            parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+            for idx, bounds in cuts:
+                for client, piece in enumerate(np.split(idx, bounds)):
+                    parts[client].append(piece)
+            return _finish(parts)
+    raise PflkitError(
+        f"dirichlet: no draw out of {MAX_TRIES} gave every one of the {num_clients} clients "
+        f"at least min_size={min_size} samples with alpha={alpha:g}; lower min_size, raise "
+        "alpha or use fewer clients."
+    )
+
+
+def pathological(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    classes_per_client: int,
+    balance: bool = True,
+) -> list[np.ndarray]:
+    """Shards: every client gets exactly ``classes_per_client`` (k) distinct classes.
+
+    Follows PFLlib's ``separate_data(partition="pat")``: each class is shared by about
+    N*k/C clients, its (shuffled) samples are cut into one contiguous shard per sharing client;
+    with ``balance=True`` the shards differ by at most one sample, with ``balance=False`` every
+    sharing client but the last gets a uniform random count in [max(num_per/10, 1), num_per)
+    (num_per = class size / sharing clients) and the last gets the remainder, as in PFLlib.
+    Class assignment differs from PFLlib so that every client gets exactly k classes and every
+    class is used: the classes are put in a random order and dealt cyclically, client i taking
+    positions i*k .. i*k+k-1 (mod C); each class is then shared by floor(N*k/C) or ceil(N*k/C)
+    clients. (PFLlib gives each class to the first ceil(N*k/C) clients with free slots, which
+    leaves classes unused or clients short when N*k/C is not a whole number.)
+    Uses every sample; needs num_clients * k >= C.
+    """
+    k = _check_int("classes_per_client", classes_per_client, None, "pathological")
+    classes, class_idx = _class_indices(labels)
+    n_classes = len(classes)
+    if k < 1 or k > n_classes:
+        raise PflkitError(
+            f"pathological: classes_per_client={k} must be between 1 and the number of "
+            f"classes, {n_classes}; pass a value in that range."
+        )
+    if num_clients * k < n_classes:
+        raise PflkitError(
+            f"pathological: {num_clients} clients x {k} classes each = {num_clients * k} class "
+            f"slots cannot cover all {n_classes} classes (samples would be lost); use more "
+            "clients or a larger classes_per_client."
+        )
+    if not isinstance(balance, bool | np.bool_):
+        raise PflkitError(f"pathological: balance must be true or false (got {balance!r}).")
+
+    order = rng.permutation(n_classes)
+    holders: list[list[int]] = [[] for _ in range(n_classes)]
+    for client in range(num_clients):
+        for j in range(k):
+            holders[order[(client * k + j) % n_classes]].append(client)
+
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in range(n_classes):
+        idx = rng.permutation(class_idx[c])
+        m = len(holders[c])
+        if len(idx) < m:
+            raise PflkitError(
+                f"pathological: class {classes[c]} has {len(idx)} samples but {m} clients "
+                "must share it; use fewer clients or a smaller classes_per_client."
+            )
+        if balance or m == 1:
+            counts = _even_counts(len(idx), m)
+        else:
+            num_per = len(idx) / m
+            low, high = max(int(num_per / 10), 1), int(num_per)
+            if low >= high:
+                counts = _even_counts(len(idx), m)
+            else:
+                head = rng.integers(low, high, size=m - 1)
+                counts = np.append(head, len(idx) - head.sum())
+        for client, piece in zip(holders[c], np.split(idx, np.cumsum(counts)[:-1]), strict=True):
+            parts[client].append(piece)
+    return _finish(parts)
+
+
+def incomplete(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    min_classes: int = 2,
+    sigma: float = 0.3,
+    min_size: int = 5,
+) -> list[np.ndarray]:
+    """MAP's incomplete-classes partition (specs/map.md §4.2, ``split="map"``).
+
+    1. Client k draws n_k ~ UniformInt{min_classes..C} and a uniform random n_k-subset of the
+       classes; d_k = 1/n_k on those classes.
+    2. Quantity skew: each row is scaled by s_k ~ LogNormal(0, sigma).
+    3. Each class column is normalised over the clients; client k's share of class c times the
+       class size N_c gives its count.
+    4. Client k gets a contiguous slice of class c's index list, in dataset order, clients in
+       order 0..n-1.
+
+    Differences from MAP's code, so that no sample is lost and ``num_clients`` is kept:
+    counts are rounded through the cumulative shares (slice ends = round(cumsum(share) * N_c)),
+    so they sum to N_c exactly and each differs from MAP's round(share * N_c) by at most one;
+    and where MAP drops clients with fewer than 5 samples, the whole draw is repeated instead
+    (at most ``MAX_TRIES`` times, then a clear error) until every client has >= ``min_size``
+    samples, every class is held by some client, and every class a client drew gets at least
+    one sample (so each client really holds between min_classes and C classes).
+    Uses every sample.
+    """
+    classes, class_idx = _class_indices(labels)
+    n_classes = len(classes)
+    min_classes = _check_int("min_classes", min_classes, None, "incomplete")
+    if not 1 <= min_classes <= n_classes:
+        raise PflkitError(
+            f"incomplete: min_classes={min_classes} must be between 1 and the number of "
+            f"classes, {n_classes}; pass a value in that range."
+        )
+    sigma = _check_float("sigma", sigma, "incomplete")
+    if sigma < 0:
+        raise PflkitError(f"incomplete: sigma must be >= 0 (got {sigma:g}); MAP uses 0.3.")
+    min_size = _check_int("min_size", min_size, 1, "incomplete")
+    if min_size * num_clients > len(labels):
+        raise PflkitError(
+            f"incomplete: min_size={min_size} for {num_clients} clients needs "
+            f"{min_size * num_clients} samples but the dataset has {len(labels)}; lower "
+            "min_size or use fewer clients."
+        )
+    class_sizes = np.array([len(i) for i in class_idx])
+
+    for _ in range(MAX_TRIES):
+        n_k = rng.integers(min_classes, n_classes + 1, size=num_clients)
+        d = np.zeros((num_clients, n_classes))
+        for client in range(num_clients):
+            chosen = rng.choice(n_classes, size=n_k[client], replace=False)
+            d[client, chosen] = 1.0 / n_k[client]
+        d *= rng.lognormal(0.0, sigma, size=num_clients)[:, None]
+        col = d.sum(axis=0)
+        if np.any(col <= 0):
+            continue  # some class drawn by nobody: redraw
+        share = d / col
+        ends = np.rint(np.cumsum(share, axis=0) * class_sizes).astype(np.int64)
+        ends[-1] = class_sizes
+        starts = np.vstack([np.zeros((1, n_classes), dtype=np.int64), ends[:-1]])
+        counts = ends - starts
+        assert not np.any(counts[d == 0]), "incomplete: count for a class not drawn"
+        if np.any(counts[d > 0] < 1) or counts.sum(axis=1).min() < min_size:
+            continue
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for client in range(num_clients):
+            for c in np.flatnonzero(counts[client]):
+                parts[client].append(class_idx[c][starts[client, c] : ends[client, c]])
+        return _finish(parts)
+    raise PflkitError(
+        f"incomplete: no draw out of {MAX_TRIES} gave all {num_clients} clients at least "
+        f"min_size={min_size} samples and a sample of every class they drew; the dataset "
+        f"({len(labels)} samples, {n_classes} classes) is too small for this many clients, "
+        "use fewer clients."
+    )
+
+
+def nway_kshot(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    n: int,
+    k: int,
+    stdev: int = 2,
+    shots_min: int | None = None,
+    shots_max: int | None = None,
+    train_shots_max: int = 110,
+) -> list[np.ndarray]:
+    """FedProto / pFedPM n-way k-shot label skew (specs/pfedpm.md §4.2). Uses a SUBSET.
+
+    Client i draws n_i ~ UniformInt[max(2, n - stdev), min(C - 1, n + stdev)] ways and
+    k_i ~ UniformInt[shots_min, shots_max] shots (both inclusive), then a uniform random
+    n_i-subset of the classes. For each of its classes it takes k_i samples from a contiguous
+    block of the label-sorted training set (dataset order within a class) starting at offset
+    i * train_shots_max, so clients get disjoint samples. ``stdev`` is FedProto's name; it is a
+    half-width, not a standard deviation. Shot range defaults to FedProto's FEMNIST/CIFAR-10
+    form [k - stdev + 1, k + stdev]; FedProto's MNIST form is shots_max = k + stdev - 2.
+    Only num_clients * train_shots_max samples per class at most are used; the rest of the set
+    is returned nowhere. Per-client test sets (FedProto: ``test_shots`` per class from the
+    official test set) are not built here. Every class must have at least
+    (num_clients - 1) * train_shots_max + k_i samples for each client i holding it.
+    """
+    classes, class_idx = _class_indices(labels)
+    n_classes = len(classes)
+    n = _check_int("n", n, 1, "nway_kshot")
+    k = _check_int("k", k, 1, "nway_kshot")
+    stdev = _check_int("stdev", stdev, 0, "nway_kshot")
+    train_shots_max = _check_int("train_shots_max", train_shots_max, 1, "nway_kshot")
+    lo_n, hi_n = max(2, n - stdev), min(n_classes - 1, n + stdev)
+    if lo_n > hi_n:
+        raise PflkitError(
+            f"nway_kshot: n={n}, stdev={stdev} gives no valid way count in "
+            f"[max(2, n-stdev), min(C-1, n+stdev)] = [{lo_n}, {hi_n}] for C={n_classes} "
+            "classes; choose n between 2 and C-1."
+        )
+    lo_k = k - stdev + 1 if shots_min is None else shots_min
+    hi_k = k + stdev if shots_max is None else shots_max
+    lo_k = _check_int("shots_min", lo_k, 1, "nway_kshot")
+    hi_k = _check_int("shots_max", hi_k, None, "nway_kshot")
+    if hi_k < lo_k:
+        raise PflkitError(
+            f"nway_kshot: shot range [{lo_k}, {hi_k}] is empty; make shots_max >= shots_min."
+        )
+    if hi_k > train_shots_max:
+        raise PflkitError(
+            f"nway_kshot: up to {hi_k} shots per class exceed train_shots_max="
+            f"{train_shots_max}, so clients would share samples; raise train_shots_max."
+        )
+
+    ways = rng.integers(lo_n, hi_n + 1, size=num_clients)
+    shots = rng.integers(lo_k, hi_k + 1, size=num_clients)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for client in range(num_clients):
+        offset = client * train_shots_max
+        for c in np.sort(rng.choice(n_classes, size=ways[client], replace=False)):
+            need = offset + shots[client]
+            if len(class_idx[c]) < need:
+                raise PflkitError(
+                    f"nway_kshot: class {classes[c]} has {len(class_idx[c])} samples but client "
+                    f"{client} needs samples up to position {need} "
+                    f"(offset {client} x train_shots_max {train_shots_max} + {shots[client]} "
+                    "shots); use fewer clients, fewer shots or a smaller train_shots_max."
+                )
+            parts[client].append(class_idx[c][offset:need])
+    return _finish(parts)
+
+
+def natural(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    groups: np.ndarray | None = None,
+    select: str = "largest",
+) -> list[np.ndarray]:
+    """One client per natural owner (writer, subject, domain) given by ``groups``.
+
+    With G groups, num_clients must be <= G. If it is smaller, ``select`` picks the groups:
+    ``"largest"`` (default, deterministic; the num_clients groups with most samples, ties by
+    group id), ``"first"`` (lowest group ids) or ``"random"`` (uniform, from the seed). Clients
+    are ordered by ascending group id. Samples of unselected groups are returned nowhere; with
+    num_clients == G every sample is used.
+    """
+    if groups is None:
+        raise PflkitError(
+            "partitioner 'natural' needs per-sample group ids; use a dataset with a natural "
+            "split (e.g. FEMNIST writers) or another partitioner."
+        )
+    groups = np.asarray(groups)
+    if groups.ndim != 1 or len(groups) != len(labels):
+        raise PflkitError(
+            f"natural: groups must be one id per sample ({len(labels)}), got shape "
+            f"{groups.shape}; pass a 1-D array aligned with labels."
+        )
+    ids, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
+    n_groups = len(ids)
+    if num_clients > n_groups:
+        raise PflkitError(
+            f"natural: {num_clients} clients requested but the data has only {n_groups} "
+            f"groups; set num_clients <= {n_groups}."
+        )
+    if select == "largest":
+        chosen = np.argsort(-sizes, kind="stable")[:num_clients]
+    elif select == "first":
+        chosen = np.arange(num_clients)
+    elif select == "random":
+        chosen = rng.choice(n_groups, size=num_clients, replace=False)
+    else:
+        raise unknown_name("natural group selection", select, ["largest", "first", "random"])
+    order = np.argsort(inverse, kind="stable")
+    per_group = np.split(order, np.cumsum(sizes)[:-1])
+    return _finish([per_group[g] for g in np.sort(chosen)])
+
+
+PARTITIONERS: dict[str, PartitionerInfo] = {
+    info.name: info
+    for info in [
+        PartitionerInfo("iid", "shuffle and split evenly", iid),
+        PartitionerInfo(
+            "dirichlet",
+            "label skew: per-class client shares ~ Dir(alpha) (PFLlib/MOON 'dir')",
+            dirichlet,
+        ),
+        PartitionerInfo(
+            "pathological",
+            "shards: exactly classes_per_client classes per client (PFLlib 'pat')",
+            pathological,
+        ),
+        PartitionerInfo(
+            "incomplete",
+            "MAP: random class subsets of size min_classes..C, log-normal quantity skew",
+            incomplete,
+        ),
+        PartitionerInfo(
+            "nway_kshot",
+            "FedProto/pFedPM n-way k-shot tasks (uses a subset of the data)",
+            nway_kshot,
+        ),
+        PartitionerInfo("natural", "one client per natural group (writer, subject)", natural),
+    ]
+}
+
+
+def _param_names(fn: Callable[..., Any]) -> tuple[list[str], list[str]]:
+    """(all user parameters, required ones) of a partitioner function."""
+    params = list(inspect.signature(fn).parameters.values())[3:]  # skip labels, clients, rng
+    names = [p.name for p in params if p.name != "groups"]
+    required = [p.name for p in params if p.default is inspect.Parameter.empty]
+    return names, required
+
+
+def partition(
+    name: str,
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    groups: np.ndarray | None = None,
+    **params: Any,
+) -> list[np.ndarray]:
+    """Split ``labels`` (the training labels, length N) over ``num_clients`` clients.
+
+    Returns one sorted int64 index array per client. ``groups`` (per-sample owner ids) is used
+    only by ``natural``. Raises :class:`PflkitError` for an unknown partitioner or parameter, a
+    missing required parameter, an invalid client count or invalid parameter values.
+    """
+    if name not in PARTITIONERS:
+        raise unknown_name("partitioner", name, PARTITIONERS)
+    fn = PARTITIONERS[name].fn
+    names, required = _param_names(fn)
+    for key in params:
+        if key not in names:
+            takes = ", ".join(names) if names else "no parameters"
+            raise PflkitError(f"partitioner '{name}' has no parameter '{key}'; it takes: {takes}")
+    missing = [r for r in required if r not in params]
+    if missing:
+        raise PflkitError(
+            f"partitioner '{name}' needs parameter '{missing[0]}'; "
+            f"set it (it takes: {', '.join(names)})."
+        )
+
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise PflkitError(
+            f"labels must be a 1-D integer array (got shape {labels.shape}, dtype "
+            f"{labels.dtype}); pass the class index of each training sample."
+        )
+    num_clients = _check_int("num_clients", num_clients)
+    if num_clients < 1:
+        raise PflkitError(f"num_clients must be >= 1 (got {num_clients}); use at least one.")
+    if num_clients > len(labels):
+        raise PflkitError(
+            f"num_clients={num_clients} is more than the {len(labels)} training samples; "
+            "use fewer clients."
+        )
+    seed = _check_int("seed", seed)
+
+    rng = np.random.default_rng(seed)
+    if name == "natural":
+        params["groups"] = groups
+    parts = fn(labels, num_clients, rng, **params)
+
+    # Internal invariants (bugs, not user errors).
+    assert len(parts) == num_clients, f"{name} returned {len(parts)} clients"
+    flat = np.concatenate(parts)
+    assert len(np.unique(flat)) == len(flat), f"{name} duplicated samples"
+    assert all(len(p) > 0 for p in parts), f"{name} left a client empty"
+    return parts
+
+
+def class_table(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """Per-client class counts, shape [num_clients, num_classes]."""
+    labels = np.asarray(labels)
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise PflkitError(
+            f"class_table: labels range over [{labels.min()}, {labels.max()}] but "
+            f"num_classes={num_classes}; pass num_classes > the largest label."
+        )
+    table = np.zeros((len(parts), num_classes), dtype=np.int64)
+    for i, p in enumerate(parts):
+        table[i] = np.bincount(labels[p], minlength=num_classes)
+    return table

@@ -1,0 +1,176 @@
+"""Running an experiment into a run folder, with progress, checkpoints and ``--resume``.
+
+A run folder holds::
+
+    config.yaml          the resolved config (every default filled in)
+    metrics.jsonl        one JSON line per round
+    summary.json         written when the run completes
+    curves.png           accuracy and loss curves
+    checkpoints/latest.pt  when output.checkpoint_every > 0, or after an interrupt
+
+Everything that can fail because of user input (config, data, model, algorithm parameters)
+is checked before the folder is created.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, validate
+from pflkit.data.federated import FederatedDataset
+from pflkit.engine.simulation import Simulation
+from pflkit.errors import PflkitError
+from pflkit.report.summary import read_metrics, summarize
+
+CHECKPOINT = Path("checkpoints") / "latest.pt"
+# settings that may change when a run is resumed (everything else must stay as it was)
+RESUMABLE = ("train.rounds", "eval.", "output.")
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+
+def default_run_dir(cfg: ExperimentConfig) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.name)
+    return Path(cfg.output.dir) / f"{slug}-{cfg.algorithm['name']}-s{cfg.seed}-{stamp}"
+
+
+def resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
+    for item in overrides:
+        if not item.startswith(RESUMABLE):
+            raise PflkitError(
+                f"--set {item} cannot change a run being resumed; only "
+                f"{', '.join(RESUMABLE)}* may change: start a new run instead"
+            )
+    if not (run_dir / "config.yaml").exists():
+        raise PflkitError(
+            f"'{run_dir}' is not a pflkit run folder (no config.yaml): check the path"
+        )
+    return validate(apply_overrides(read_yaml(run_dir / "config.yaml"), overrides))
+
+
+class _Bar:
+    """A rich progress bar over rounds (or nothing, when progress is off)."""
+
+    def __init__(self, enabled: bool, label: str, total: int, done: int):
+        self.progress = None
+        if enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self.task = self.progress.add_task(label, total=total, completed=done, info="")
+            self.progress.start()
+
+    def update(self, row: dict[str, Any]) -> None:
+        if self.progress is None:
+            return
+        parts = []
+        if "global_acc" in row:
+            parts.append(f"global {row['global_acc']:.3f}")
+        if "pers_acc_mean" in row:
+            parts.append(f"pers {row['pers_acc_mean']:.3f}")
+        info = " ".join(parts) or None
+        kwargs = {"info": info} if info else {}
+        self.progress.update(self.task, advance=1, **kwargs)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def run_experiment(
+    cfg: ExperimentConfig | None = None,
+    out: str | Path | None = None,
+    resume: str | Path | None = None,
+    overrides: list[str] | None = None,
+    data: FederatedDataset | None = None,
+    progress: bool | None = None,
+) -> RunResult:
+    """Run ``cfg`` into a new run folder, or continue the run in ``resume``."""
+    if resume is not None:
+        run_dir = Path(resume)
+        cfg = resume_config(run_dir, overrides or [])
+    else:
+        assert cfg is not None, "give a config or a run folder to resume"
+        run_dir = Path(out) if out is not None else default_run_dir(cfg)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise PflkitError(
+                f"run folder '{run_dir}' already exists and is not empty: choose another --out, "
+                f"or continue it with --resume {run_dir}"
+            )
+    sim = Simulation(cfg, data)  # validates and builds everything before we write anything
+
+    rows: list[dict[str, Any]] = []
+    metrics_path = run_dir / "metrics.jsonl"
+    if resume is not None:
+        sim.restore(run_dir / CHECKPOINT)
+        rows = (
+            [r for r in read_metrics(metrics_path) if r["round"] <= sim.round]
+            if metrics_path.exists()
+            else []
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
+    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    show = cfg.output.progress if progress is None else progress
+    bar = _Bar(show, f"{cfg.algorithm['name']} s{cfg.seed}", cfg.train.rounds, sim.round)
+    every = cfg.output.checkpoint_every
+    try:
+        with metrics_path.open("a") as f:
+            for rnd in range(sim.round + 1, cfg.train.rounds + 1):
+                row = sim.run_round(rnd)
+                rows.append(row)
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                bar.update(row)
+                if every and (rnd % every == 0 or rnd == cfg.train.rounds):
+                    sim.save(run_dir / CHECKPOINT)
+    except KeyboardInterrupt:
+        bar.close()
+        if sim.round > 0:
+            sim.save(run_dir / CHECKPOINT)
+            raise PflkitError(
+                f"interrupted after round {sim.round}; continue with: pflkit run --resume {run_dir}"
+            ) from None
+        raise
+    bar.close()
+
+    summary = {
+        "name": cfg.name,
+        "algorithm": cfg.algorithm["name"],
+        "seed": cfg.seed,
+        "partition_id": sim.data.partition_id,
+    } | summarize(rows)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    from pflkit.report.plots import plot_run
+
+    plot_run(rows, run_dir / "curves.png")
+    return RunResult(run_dir, summary, rows)

@@ -1,0 +1,132 @@
+"""The model registry: name -> :class:`ModelInfo`, and :func:`build_model`."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from pflkit.errors import PflkitError, unknown_name
+from pflkit.models.base import ModelInfo, PFLModel, check_num_classes, check_shape
+from pflkit.models.cnn import cnn4, fedproto_cnn, femnist_cnn, lenet5, lenet5_bn, map_lenet, tfcnn
+from pflkit.models.mlp import map_mlpnet, mlp
+from pflkit.models.resnet import resnet18, resnet20, resnet56
+from pflkit.models.vgg import vgg8, vgg8_bn, vgg11
+
+_ENTRIES = [
+    ModelInfo(
+        "mlp",
+        "generic MLP: flatten -> hidden ReLU layers (option hidden, default [200, 200] = "
+        "FedAvg paper's 2NN; [] = logistic regression) -> linear head; any input",
+        mlp,
+    ),
+    ModelInfo(
+        "map_mlpnet",
+        "MAP code's MLPNet: 784-1024-1024-128 ReLU + bias-free head (the code's version, not "
+        "the paper's 'two hidden layers of 512')",
+        map_mlpnet,
+    ),
+    ModelInfo(
+        "map_lenet",
+        "MAP code's LeNet: conv 16-16 5x5 + bias-free head, no FC hidden layers (code version; "
+        "the paper says 'original LeNet')",
+        map_lenet,
+    ),
+    ModelInfo(
+        "cnn4",
+        "PFLlib code's FedAvgCNN (GPFL's 4-layer CNN): conv 32-64 5x5, FC 512 (feature), "
+        "linear head",
+        cnn4,
+    ),
+    ModelInfo(
+        "tfcnn",
+        "MAP code's TFCNN: 3 x conv3x3 (32-64-64) + pool, bias-free head (code version; the "
+        "paper says 'the CNN of FedAvg')",
+        tfcnn,
+    ),
+    ModelInfo(
+        "vgg8",
+        "MAP code's VGG8: 5 conv3x3 (64-128-256-512-512), no BN, no FC hidden, bias-free head",
+        vgg8,
+    ),
+    ModelInfo(
+        "vgg8_bn",
+        "MAP code's VGG8-BN: VGG8 with BatchNorm after every conv, bias-free head",
+        vgg8_bn,
+    ),
+    ModelInfo(
+        "vgg11",
+        "MAP code's VGG11: 8 conv3x3, no BN, no FC hidden, bias-free head",
+        vgg11,
+    ),
+    ModelInfo(
+        "resnet20",
+        "MAP code's CIFAR-style ResNet20 (16/32/64, projection shortcuts), bias-free head",
+        resnet20,
+    ),
+    ModelInfo(
+        "resnet56",
+        "MAP code's CIFAR-style ResNet56 (16/32/64, projection shortcuts), bias-free head",
+        resnet56,
+    ),
+    ModelInfo(
+        "resnet18",
+        "ResNet-18; option stem: 'cifar' (3x3, no max-pool, KT-pFL code, default) or "
+        "'imagenet' (torchvision's 7x7 + max-pool, as GPFL)",
+        resnet18,
+    ),
+    ModelInfo(
+        "lenet5_bn",
+        "pFedSim's LeNet5 with BN (paper Table 5 / FL-bench 2023 code); option fc_relu adds "
+        "FL-bench's 2024 ReLU after FC 84",
+        lenet5_bn,
+    ),
+    ModelInfo(
+        "lenet5",
+        "KT-pFL code's LeNet (classic LeNet-5, no BN: conv 6-16, FC 120-84, linear head)",
+        lenet5,
+    ),
+    ModelInfo(
+        "femnist_cnn",
+        "MAP code's FeMnistNet: conv 32-64 5x5, adaptive avg-pool 4x4, bias-free head (code "
+        "version of the paper's 'two conv layers and one FC layer')",
+        femnist_cnn,
+    ),
+    ModelInfo(
+        "fedproto_cnn",
+        "FedProto code's CNNMnist/CNNFemnist as used by pFedPM: conv 10-c, FC 50 (feature), "
+        "dropout + linear head; options channels, conv1_kernel",
+        fedproto_cnn,
+    ),
+]
+
+MODELS: dict[str, ModelInfo] = {info.name: info for info in _ENTRIES}
+
+
+def model_options(name: str) -> dict[str, Any]:
+    """The options model ``name`` accepts, with their defaults."""
+    if name not in MODELS:
+        raise unknown_name("model", name, MODELS)
+    params = list(inspect.signature(MODELS[name].factory).parameters.values())[2:]
+    return {p.name: p.default for p in params}
+
+
+def build_model(
+    name: str, input_shape: Sequence[int], num_classes: int, **options: Any
+) -> PFLModel:
+    """Build model ``name`` for per-sample ``input_shape`` (e.g. ``(1, 28, 28)`` or ``(60,)``)
+    and ``num_classes`` outputs; ``options`` are the model's own (see :func:`model_options`).
+
+    Initialisation draws from torch's global RNG, so ``torch.manual_seed`` before this call
+    makes the weights reproducible.
+    """
+    if name not in MODELS:
+        raise unknown_name("model", name, MODELS)
+    known = model_options(name)
+    for option in options:
+        if option not in known:
+            fix = f"its options are: {', '.join(sorted(known))}" if known else "it takes no options"
+            raise PflkitError(f"model '{name}' has no option '{option}'; {fix}")
+    check_shape(name, input_shape)
+    check_num_classes(name, num_classes)
+    return MODELS[name].factory(tuple(input_shape), num_classes, **options)

@@ -1,0 +1,1 @@
+"""Reports: run summaries, tables and plots."""

@@ -1,0 +1,193 @@
+"""PNG plots for runs and comparisons.
+
+Built on :class:`matplotlib.figure.Figure` directly (Agg canvas, no pyplot), so it never
+touches matplotlib's global state or needs a display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+# Cells at most this many (clients x classes) get their count written in them.
+_ANNOTATE_MAX_CELLS = 400
+
+# metrics.jsonl keys drawn by plot_run, with their legend labels.
+_ACC_KEYS = {
+    "global_acc": "global model, global test set",
+    "pers_acc_mean": "personalized, mean over clients",
+    "pers_acc_worst10": "personalized, worst 10% of clients",
+}
+_LOSS_KEYS = {"train_loss": "train loss"}
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", bbox_inches="tight")
+
+
+def _as_float(values: Iterable[Any]) -> np.ndarray:
+    """Values to float, with None (or anything non-numeric) as NaN."""
+    out = []
+    for v in values:
+        try:
+            out.append(float(v) if v is not None else np.nan)
+        except (TypeError, ValueError):
+            out.append(np.nan)
+    return np.asarray(out, dtype=float)
+
+
+def _no_data(ax: Any, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} recorded", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plot_class_heatmap(table: np.ndarray, path: Path, title: str = "") -> None:
+    """Heatmap of per-client class counts (rows: clients, columns: classes).
+
+    Cells are annotated with their counts when the table is small (<= 400 cells).
+    """
+    table = np.asarray(table)
+    if table.ndim != 2:
+        raise ValueError(f"table must be 2-D [clients, classes], got shape {table.shape}")
+    n_clients, n_classes = table.shape
+    width = min(max(4.0, 0.45 * n_classes + 2.0), 20.0)
+    height = min(max(3.0, 0.3 * n_clients + 1.5), 20.0)
+    fig = _new_figure(width, height)
+    ax = fig.add_subplot()
+    if table.size == 0:
+        _no_data(ax, "clients or classes")
+    else:
+        im = ax.imshow(table, aspect="auto", cmap="viridis", interpolation="nearest")
+        fig.colorbar(im, ax=ax, label="samples")
+        ax.set_xlabel("class")
+        ax.set_ylabel("client")
+        if table.size <= _ANNOTATE_MAX_CELLS:
+            hi = float(table.max()) if table.size else 0.0
+            for i in range(n_clients):
+                for j in range(n_classes):
+                    v = table[i, j]
+                    colour = "black" if hi and v > 0.6 * hi else "white"
+                    ax.text(j, i, f"{v:g}", ha="center", va="center", fontsize=7, color=colour)
+        if n_classes <= 30:
+            ax.set_xticks(range(n_classes))
+        if n_clients <= 40:
+            ax.set_yticks(range(n_clients))
+    if title:
+        ax.set_title(title)
+    _save(fig, path)
+
+
+def _aggregate(
+    runs: Sequence[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max over seeds on the union of rounds (NaN/None ignored)."""
+    cleaned = []
+    for rounds, values in runs:
+        r = _as_float(np.ravel(rounds))
+        v = _as_float(np.ravel(values))
+        if len(r) != len(v):
+            raise ValueError(f"rounds and values differ in length ({len(r)} vs {len(v)})")
+        ok = np.isfinite(r) & np.isfinite(v)
+        cleaned.append((r[ok], v[ok]))
+    grid = np.unique(np.concatenate([r for r, _ in cleaned])) if cleaned else np.empty(0)
+    stack = np.full((len(cleaned), len(grid)), np.nan)
+    for s, (r, v) in enumerate(cleaned):
+        stack[s, np.searchsorted(grid, r)] = v
+    has = np.isfinite(stack).any(axis=0)
+    grid, stack = grid[has], stack[:, has]
+    if grid.size == 0:
+        empty = np.empty(0)
+        return empty, empty, empty, empty
+    return grid, np.nanmean(stack, axis=0), np.nanmin(stack, axis=0), np.nanmax(stack, axis=0)
+
+
+def plot_curves(
+    curves: Mapping[str, Sequence[tuple[np.ndarray, np.ndarray]]],
+    path: Path,
+    ylabel: str,
+    title: str = "",
+) -> None:
+    """One line per label: mean over seeds, with a shaded min..max band over seeds.
+
+    ``curves`` maps a label (e.g. an algorithm) to a list over seeds of ``(rounds, values)``.
+    Seeds may have different rounds; the mean and band at a round use the seeds that have a
+    value there. None/NaN values are skipped.
+    """
+    fig = _new_figure(7.0, 4.5)
+    ax = fig.add_subplot()
+    drawn = 0
+    for label, runs in curves.items():
+        grid, mean, lo, hi = _aggregate(runs)
+        if grid.size == 0:
+            continue
+        n_seeds = len(runs)
+        name = f"{label} (n={n_seeds})" if n_seeds > 1 else str(label)
+        marker = "o" if grid.size <= 30 else None
+        (line,) = ax.plot(grid, mean, label=name, marker=marker, markersize=3)
+        if n_seeds > 1:
+            ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        drawn += 1
+    if drawn:
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    else:
+        _no_data(ax, ylabel or "values")
+    if title:
+        ax.set_title(title + ("\n(line: mean over seeds, band: min..max)" if drawn else ""))
+    _save(fig, path)
+
+
+def _series(metrics: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    rows = [m for m in metrics if m.get(key) is not None and m.get("round") is not None]
+    r = _as_float(m["round"] for m in rows)
+    v = _as_float(m[key] for m in rows)
+    ok = np.isfinite(r) & np.isfinite(v)
+    return r[ok], v[ok]
+
+
+def _panel(ax: Any, metrics: Sequence[Mapping[str, Any]], keys: dict[str, str], what: str) -> None:
+    drawn = 0
+    for key, label in keys.items():
+        r, v = _series(metrics, key)
+        if r.size == 0:
+            continue
+        ax.plot(r, v, label=label, marker="o" if r.size <= 30 else None, markersize=3)
+        drawn += 1
+    if drawn:
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(what)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    else:
+        _no_data(ax, what)
+
+
+def plot_run(metrics: list[dict], path: Path) -> None:
+    """One run's ``metrics.jsonl`` rows: accuracy panel (global, personalized mean and worst
+    10%) and train-loss panel. Keys may be missing or None in some rows."""
+    fig = _new_figure(11.0, 4.0)
+    ax_acc, ax_loss = fig.subplots(1, 2)
+    _panel(ax_acc, metrics, _ACC_KEYS, "accuracy")
+    ax_acc.set_title("accuracy")
+    _panel(ax_loss, metrics, _LOSS_KEYS, "train loss")
+    ax_loss.set_title("train loss")
+    _save(fig, path)

@@ -1,0 +1,56 @@
+"""Run summaries: the last-round numbers (the reported result), labelled best-on-test numbers,
+communication totals and timing, all derived from the rows of ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pflkit.errors import PflkitError
+
+ACC_KEYS = ("global_acc", "pers_acc_mean", "pers_acc_weighted", "pers_acc_std", "pers_acc_worst10")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        raise PflkitError(f"cannot read metrics file '{path}': {err}") from None
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Summary of one run. ``final`` is the last evaluated round (what papers should report);
+    ``best_on_test`` picks the best round *on the test data* and is labelled as such."""
+    evaluated = [r for r in rows if "pers_acc_mean" in r]
+    out: dict[str, Any] = {"rounds": rows[-1]["round"] if rows else 0}
+    if evaluated:
+        last = evaluated[-1]
+        out["final"] = {"round": last["round"]} | {k: last[k] for k in ACC_KEYS if k in last}
+        out["best_on_test"] = {
+            k: {
+                "value": max(r[k] for r in evaluated),
+                "round": max(evaluated, key=lambda r: r[k])["round"],
+            }
+            for k in ("global_acc", "pers_acc_mean")
+            if k in last
+        }
+    down = [b for r in rows for b in r["bytes_down"]]
+    up = [b for r in rows for b in r["bytes_up"]]
+    out["comm"] = {
+        "bytes_down_total": int(sum(down)),
+        "bytes_up_total": int(sum(up)),
+        "bytes_down_per_client_round": float(np.mean(down)) if down else 0.0,
+        "bytes_up_per_client_round": float(np.mean(up)) if up else 0.0,
+    }
+    if rows:
+        out["seconds"] = {
+            "train_per_round": float(np.mean([r["seconds_train"] for r in rows])),
+            "eval_per_round": float(
+                np.mean([r["seconds_eval"] for r in rows if "pers_acc_mean" in r] or [0.0])
+            ),
+            "total": float(sum(r["seconds_train"] + r["seconds_eval"] for r in rows)),
+        }
+    return out

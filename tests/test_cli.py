@@ -1,0 +1,124 @@
+"""The command line, run as a user would: real subprocesses, exit codes, output folders."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import tiny_config
+
+
+def pflkit(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pflkit.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"COLUMNS": "200"} | env,
+    )
+
+
+@pytest.fixture
+def cfg_file(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_config()))
+    return path
+
+
+def test_list_shows_every_registry(tmp_path):
+    r = pflkit("list", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for word in ("fedavg", "fedprox", "local", "fedavg_ft", "fashion_mnist", "dirichlet", "cnn4"):
+        assert word in r.stdout
+
+
+def test_run_writes_a_run_folder(cfg_file, tmp_path):
+    r = pflkit("run", str(cfg_file), "--set", "train.rounds=2", "--out", "r1", "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "r1" / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["algorithm"] == "fedavg"
+
+
+def test_compare_writes_table_and_plot(cfg_file, tmp_path):
+    r = pflkit(
+        "compare", str(cfg_file), "--algorithms", "local,fedavg", "--seeds", "0,1",
+        "--set", "train.rounds=2", "--out", "cmp", "-q", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    table = (tmp_path / "cmp" / "results.md").read_text()
+    assert "| local |" in table and "| fedavg |" in table and "±" in table
+    assert (tmp_path / "cmp" / "accuracy.png").stat().st_size > 1000
+    assert sorted(p.name for p in (tmp_path / "cmp").iterdir() if p.is_dir()) == [
+        "fedavg-s0", "fedavg-s1", "local-s0", "local-s1",
+    ]  # fmt: skip
+
+
+def test_partition_prints_table_and_heatmap(cfg_file, tmp_path):
+    r = pflkit("partition", str(cfg_file), "--out", "p.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "client" in r.stdout
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.name=fedavgg", "unknown algorithm 'fedavgg': did you mean 'fedavg'"),
+        (
+            "data.dataset=fashion_mnits",
+            "unknown dataset 'fashion_mnits': did you mean 'fashion_mnist'",
+        ),
+        ("model.name=cnn5", "unknown model 'cnn5'"),
+        ("data.partition={name: dirichlet, alpha: 0}", "alpha"),
+        ("data.partition={name: diriclet, alpha: 1}", "did you mean 'dirichlet'"),
+        ("data.partition={name: pathological, classes_per_client: 11}", "11"),
+        ("train.client_fraction=1.5", "train.client_fraction"),
+        ("train.client_fraction=0", "train.client_fraction"),
+        ("data.num_clients=5000", "5000"),
+        ("train.lr=-1", "train.lr"),
+        ("trian.rounds=3", "unknown config key 'trian'"),
+        ("algorithm.mu=1", "has no parameter 'mu'"),
+    ],
+)
+def test_bad_input_is_one_sentence_and_exit_2(cfg_file, tmp_path, override, message):
+    r = pflkit("run", str(cfg_file), "--set", override, "--out", "bad", cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()  # no half-written run folder
+
+
+def test_unreadable_and_invalid_config_files(tmp_path):
+    r = pflkit("run", "missing.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and "cannot read config file 'missing.yaml'" in r.stderr
+    (tmp_path / "broken.yaml").write_text("data: [unclosed\n")
+    r = pflkit("run", "broken.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and "not valid YAML" in r.stderr
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    r = pflkit("run", "list.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and "must be a mapping" in r.stderr
+
+
+def test_missing_dataset_without_network_says_where_to_put_files(cfg_file, tmp_path):
+    r = pflkit(
+        "run", str(cfg_file), "--set", "data.dataset=cifar10", "--set", f"data.root={tmp_path / 'empty'}",
+        "--out", "bad", cwd=tmp_path, PFLKIT_MIRROR="http://127.0.0.1:9",  # a closed port
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert str(tmp_path / "empty") in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def test_existing_run_folder_is_not_overwritten(cfg_file, tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "keep.txt").write_text("x")
+    r = pflkit("run", str(cfg_file), "--out", "r", cwd=tmp_path)
+    assert r.returncode == 2 and "already exists" in r.stderr

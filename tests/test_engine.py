@@ -1,0 +1,118 @@
+"""Engine: sampling, byte counting, determinism, resume, run folders, evaluation summary."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pflkit.algorithms.base import nbytes, weighted_average
+from pflkit.engine import Simulation, run_experiment, sample_clients
+from pflkit.eval import summarize_clients
+
+
+def strip_timing(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("seconds_")} for r in rows]
+
+
+def test_sampling_is_seeded_and_sized():
+    a = [sample_clients(3, r, 100, 0.2) for r in range(1, 6)]
+    b = [sample_clients(3, r, 100, 0.2) for r in range(1, 6)]
+    assert a == b
+    assert all(len(s) == 20 and len(set(s)) == 20 for s in a)
+    assert a[0] != a[1]  # differs between rounds
+    assert sample_clients(4, 1, 100, 0.2) != a[0]  # and between seeds
+    assert sample_clients(0, 1, 10, 1.0) == list(range(10))
+    assert len(sample_clients(0, 1, 10, 0.01)) == 1  # at least one client
+
+
+def test_nbytes_counts_tensors_exactly():
+    payload = {
+        "w": torch.zeros(3, 4),
+        "h": torch.zeros(5, dtype=torch.float64),
+        "n": 7,
+        "tag": "ab",
+    }
+    assert nbytes(payload) == 3 * 4 * 4 + 5 * 8 + 8 + 2
+    with pytest.raises(TypeError):
+        nbytes({"model": torch.nn.Linear(2, 2)})
+
+
+def test_weighted_average_weights_by_samples():
+    ups = {
+        0: {"weights": {"a": torch.tensor([1.0, 2.0]), "steps": torch.tensor(5)}, "num_samples": 1},
+        1: {"weights": {"a": torch.tensor([4.0, 8.0]), "steps": torch.tensor(9)}, "num_samples": 3},
+    }
+    avg = weighted_average(ups)
+    assert torch.allclose(avg["a"], torch.tensor([0.25 * 1 + 0.75 * 4, 0.25 * 2 + 0.75 * 8]))
+    assert avg["steps"].item() == 5  # integer buffers come from the first upload
+
+
+def test_summarize_clients():
+    acc = np.array([0.1, 0.5, 0.9, 1.0] + [0.8] * 16)
+    counts = np.array([10, 30] + [1] * 18, dtype=float)
+    s = summarize_clients(acc, counts)
+    assert s["pers_acc_mean"] == pytest.approx(acc.mean())
+    assert s["pers_acc_weighted"] == pytest.approx((acc * counts).sum() / counts.sum())
+    assert s["pers_acc_std"] == pytest.approx(acc.std())
+    assert s["pers_acc_worst10"] == pytest.approx((0.1 + 0.5) / 2)  # 10% of 20 clients = 2
+
+
+def test_same_seed_gives_bit_identical_metrics(tiny, tmp_path):
+    cfg = tiny(train={"client_fraction": 0.5})
+    a = run_experiment(cfg, out=tmp_path / "a")
+    b = run_experiment(cfg, out=tmp_path / "b")
+    assert strip_timing(a.rows) == strip_timing(b.rows)
+    c = run_experiment(tiny(seed=1, train={"client_fraction": 0.5}), out=tmp_path / "c")
+    assert strip_timing(c.rows) != strip_timing(a.rows)
+
+
+def test_run_folder_contents(tiny, tmp_path):
+    res = run_experiment(
+        tiny(output={"checkpoint_every": 2, "progress": False}), out=tmp_path / "r"
+    )
+    files = {p.name for p in res.run_dir.iterdir()}
+    assert {"config.yaml", "metrics.jsonl", "summary.json", "curves.png", "checkpoints"} <= files
+    rows = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    summary = json.loads((res.run_dir / "summary.json").read_text())
+    assert summary["final"]["round"] == 3
+    assert summary["final"]["pers_acc_mean"] == rows[-1]["pers_acc_mean"]
+    # FedAvg downloads and uploads exactly the model (plus the upload's sample count)
+    sim = Simulation(tiny())
+    model_bytes = nbytes(sim.server["weights"])
+    assert all(b == model_bytes for r in rows for b in r["bytes_down"])
+    assert all(b == model_bytes + 8 for r in rows for b in r["bytes_up"])
+
+
+def test_resume_after_interrupt_matches_uninterrupted(tiny, tmp_path, monkeypatch):
+    cfg = tiny(
+        train={"rounds": 5, "client_fraction": 0.5},
+        output={"checkpoint_every": 2, "progress": False},
+    )
+    full = run_experiment(cfg, out=tmp_path / "full")
+
+    real = Simulation.run_round
+
+    def crash_in_round_4(self, rnd):
+        if rnd == 4:
+            raise KeyboardInterrupt
+        return real(self, rnd)
+
+    monkeypatch.setattr(Simulation, "run_round", crash_in_round_4)
+    from pflkit.errors import PflkitError
+
+    with pytest.raises(PflkitError, match="--resume"):
+        run_experiment(cfg, out=tmp_path / "cut")
+    monkeypatch.setattr(Simulation, "run_round", real)
+    resumed = run_experiment(resume=tmp_path / "cut")
+    assert strip_timing(resumed.rows) == strip_timing(full.rows)
+    assert resumed.summary["final"] == full.summary["final"]
+
+
+def test_eval_schedule(tiny, tmp_path):
+    res = run_experiment(tiny(train={"rounds": 5}, eval={"every": 2}), out=tmp_path / "r")
+    evaluated = [r["round"] for r in res.rows if "pers_acc_mean" in r]
+    assert evaluated == [2, 4, 5]  # and always the last round
