@@ -79,7 +79,7 @@ def test_fedavg_ft_trains_like_fedavg_but_scores_fine_tuned_models(tiny, tmp_pat
 def test_bad_algorithm_parameters():
     with pytest.raises(PflkitError, match="fedprox.mu"):
         parse_params({"name": "fedprox", "mu": -1})
-    with pytest.raises(PflkitError, match="has no parameter 'alpha'; it takes: mu"):
+    with pytest.raises(PflkitError, match="has no parameter 'alpha'; it takes: weighting, mu"):
         parse_params({"name": "fedprox", "alpha": 1})
     with pytest.raises(PflkitError, match="did you mean 'fedavg'"):
         parse_params({"name": "fedavgg"})

@@ -39,6 +39,10 @@ CASES = [
     ("lenet5_bn", (1, 28, 28), 62, {"fc_relu": True}, 84, 43_620, 5_270, True),
     # ktpfl.md §4: 44,726 trainable parameters (3x28x28 input, 10 classes)
     ("lenet5", (3, 28, 28), 10, {}, 84, 43_876, 850, True),
+    # KT-pFL zoo (ktpfl.md §4: about 20.1 M and 1.27 M parameters), and the small zoo's ResNet
+    ("alexnet", (3, 28, 28), 10, {}, 4096, 20_085_568, 40_970, True),
+    ("shufflenetv2", (3, 32, 32), 10, {}, 1024, 1_258_396, 10_250, True),
+    ("resnet8", (1, 28, 28), 10, {"stem_stride": 2}, 64, 77_104, 650, True),
     ("femnist_cnn", (1, 28, 28), 62, {}, 1024, 52_096, 63_488, False),
     # pfedpm.md §4.3: about 21.8k (MNIST) and 849k (FEMNIST, 3x3 conv1, 128x128)
     ("fedproto_cnn", (1, 28, 28), 10, {}, 50, 21_330, 510, True),
@@ -222,6 +226,7 @@ def test_fedproto_head_is_dropout_then_linear():
         ("tfcnn", 3, 8),
         ("vgg8", 3, 32),
         ("femnist_cnn", 1, 2),
+        ("alexnet", 3, 15),
     ],
 )
 def test_smallest_image_fits_and_one_less_is_refused(name, channels, smallest):

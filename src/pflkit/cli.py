@@ -92,7 +92,7 @@ def compare(
     if out is None:
         out = Path(cfg.output.dir) / f"compare-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
     res = run_compare(cfg, out, progress=False if quiet else None)
-    out_console.print(res["table"])
+    print(res["table"])
     out_console.print(f"written to {res['out']}")
 
 

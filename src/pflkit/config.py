@@ -50,11 +50,21 @@ class DataConfig(_Section):
         return v
 
 
-class ModelConfig(_Section):
-    name: str = "cnn4"
+class ArchSpec(_Section):
+    """One architecture of a heterogeneous federation: ``count`` consecutive clients use it."""
+
+    name: str
     options: dict[str, Any] = {}
-    # Heterogeneous clients: a list of architecture names, cycled over client ids.
-    per_client: list[str] | None = None
+    count: int = Field(1, gt=0)
+
+
+class ModelConfig(_Section):
+    name: str = "cnn4"  # the server's / global architecture (and every client's by default)
+    options: dict[str, Any] = {}
+    # Heterogeneous clients: architectures (a name or {name, options, count}) assigned to
+    # clients 0, 1, 2, ... in order, each repeated ``count`` times, the list cycled if shorter
+    # than the number of clients. E.g. [{name: lenet5, count: 5}, {name: resnet18, count: 5}].
+    per_client: list[str | ArchSpec] | None = None
 
 
 class TrainConfig(_Section):
@@ -71,6 +81,9 @@ class EvalConfig(_Section):
     every: int = Field(1, gt=0)  # evaluate every N rounds (and always at the last round)
     batch_size: int = Field(1000, gt=0)
     global_model: bool = True  # score the server model on the global test set
+    # MAP's personalization protocol: also score the round's selected clients with their model
+    # right after local training (metric pers_acc_selected, unweighted mean)
+    selected_clients: bool = False
 
 
 class OutputConfig(_Section):

@@ -1,6 +1,18 @@
 """Algorithms: one file each, registered by name in :data:`ALGORITHMS`."""
 
-from pflkit.algorithms import fedavg, fedavg_ft, fedprox, local  # noqa: F401  (registration)
+from pflkit.algorithms import (  # noqa: F401  (registration)
+    ditto,
+    fedavg,
+    fedavg_ft,
+    fedphp,
+    fedprox,
+    fedrs,
+    kd_baselines,
+    ktpfl,
+    local,
+    map,
+    scaffold,
+)
 from pflkit.algorithms.base import (
     ALGORITHMS,
     Algorithm,

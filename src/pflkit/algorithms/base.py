@@ -23,6 +23,7 @@ server dict.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
@@ -59,31 +60,46 @@ class Context:
     device: torch.device = torch.device("cpu")
     _models: dict[tuple[str, int | str], PFLModel] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        m = self.cfg.model
+        self._specs: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._global_arch = self._register(m.name, m.options)
+        order: list[str] = []
+        for spec in m.per_client or []:
+            if isinstance(spec, str):
+                order.append(self._register(spec, {}))
+            else:
+                order += [self._register(spec.name, spec.options)] * spec.count
+        self._client_arch = order
+        for arch in self._specs:  # fail on a bad name or option now, before anything runs
+            self.model(arch)
+
+    def _register(self, name: str, options: dict[str, Any]) -> str:
+        key = name if not options else f"{name}{json.dumps(options, sort_keys=True)}"
+        self._specs[key] = (name, options)
+        return key
+
     def arch(self, cid: int | None = None) -> str:
-        """Architecture name of client ``cid`` (``None``: the server's/global architecture)."""
-        per_client = self.cfg.model.per_client
-        if cid is None or not per_client:
-            return self.cfg.model.name
-        return per_client[cid % len(per_client)]
+        """Architecture key of client ``cid`` (``None``: the server's/global architecture)."""
+        if cid is None or not self._client_arch:
+            return self._global_arch
+        return self._client_arch[cid % len(self._client_arch)]
 
     def model(self, arch: str | None = None, slot: int | str = 0) -> PFLModel:
         """A reusable model instance per (architecture, slot); load weights into it in place."""
-        arch = arch or self.cfg.model.name
-        key = (arch, slot)
+        key = (arch or self._global_arch, slot)
         if key not in self._models:
             # its initial values are always overwritten, so building it must not consume the
             # RNG stream of the client step that happens to build it first
             with torch.random.fork_rng(devices=[]):
-                self._models[key] = self.new_model(arch)
+                self._models[key] = self.new_model(key[0])
         return self._models[key]
 
     def new_model(self, arch: str | None = None) -> PFLModel:
         """A freshly initialised model (uses torch's global RNG, seeded by the engine)."""
-        arch = arch or self.cfg.model.name
+        name, options = self._specs[arch or self._global_arch]
         d = self.data
-        return build_model(arch, d.input_shape, d.num_classes, **self.cfg.model.options).to(
-            self.device
-        )
+        return build_model(name, d.input_shape, d.num_classes, **options).to(self.device)
 
     def init_weights(self, arch: str | None = None) -> Weights:
         return get_weights(self.new_model(arch))
@@ -144,7 +160,7 @@ class Algorithm:
     def aggregate(
         self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str
     ) -> State:
-        return {**server, "weights": weighted_average(uploads)}
+        raise NotImplementedError
 
     # -- evaluation ----------------------------------------------------------------------------
     def global_weights(self, server: State) -> Weights | None:
@@ -154,23 +170,33 @@ class Algorithm:
         """Client ``cid``'s personalized model; ``None`` means the global model."""
         return None
 
+    def trained_weights(self, server: State, cid: int, upload: Upload, state: State) -> Weights:
+        """Client ``cid``'s model right after its local training in this round, for MAP's
+        personalization protocol (selected clients, after local training): its personalized
+        model if it keeps one, else the model it uploaded."""
+        personal = self.personal_weights(server, cid, state)
+        return personal if personal is not None else upload["weights"]
 
-def weighted_average(uploads: Mapping[int, Upload], key: str = "weights") -> Weights:
-    """Sample-weighted mean of the uploads' ``key`` dicts (weights ``num_samples``).
+
+def weighted_average(
+    uploads: Mapping[int, Upload], key: str = "weights", uniform: bool = False
+) -> Weights:
+    """Mean of the uploads' ``key`` dicts, weighted by ``num_samples`` (or ``uniform``).
 
     Floating-point entries are averaged; integer buffers (e.g. BatchNorm's step counter) are
     taken from the first upload.
     """
     ups = list(uploads.values())
-    total = float(sum(u["num_samples"] for u in ups))
+    w = [1.0 if uniform else float(u["num_samples"]) for u in ups]
+    total = sum(w)
     out: Weights = {}
     for k, v in ups[0][key].items():
         if not v.is_floating_point():
             out[k] = v.clone()
             continue
         acc = torch.zeros_like(v)
-        for u in ups:
-            acc.add_(u[key][k], alpha=u["num_samples"] / total)
+        for u, wu in zip(ups, w, strict=True):
+            acc.add_(u[key][k], alpha=wu / total)
         out[k] = acc
     return out
 

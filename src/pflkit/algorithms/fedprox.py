@@ -40,5 +40,5 @@ class FedProx(FedAvg):
     class Params(FedAvg.Params):
         mu: float = Field(0.01, ge=0)
 
-    def train_overrides(self, payload: Payload) -> dict:
+    def train_overrides(self, cid: int, payload: Payload) -> dict:
         return {"loss_fn": proximal_loss(payload["weights"], self.params.mu)}

@@ -55,11 +55,14 @@ def local_sgd(
     weight_decay: float = 0.0,
     loss_fn: LossFn = cross_entropy,
     params: Iterable[Tensor] | None = None,
+    steps: int | None = None,
 ) -> float:
     """Train ``model`` in place with mini-batch SGD; return the mean training loss.
 
     Each epoch visits every sample once in a fresh random order drawn from torch's global RNG
     (the engine seeds it per client and round, which makes runs reproducible and resumable).
+    ``steps``, when given, replaces ``epochs``: exactly that many mini-batch steps, cycling
+    through fresh permutations (MAP's stage lengths are counted in steps).
     ``params`` restricts which tensors are optimised (default: all parameters).
     """
     model.train()
@@ -70,19 +73,27 @@ def local_sgd(
         weight_decay=weight_decay,
     )
     n = len(y)
+    if steps is None:
+        steps = epochs * steps_per_epoch(n, batch_size)
     total = torch.zeros(())
-    steps = 0
-    for _ in range(epochs):
+    done = 0
+    while done < steps:
         perm = torch.randperm(n)
         for i in range(0, n, batch_size):
+            if done == steps:
+                break
             idx = perm[i : i + batch_size]
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, x[idx], y[idx])
             loss.backward()
             opt.step()
             total += loss.detach()
-            steps += 1
-    return float(total) / max(steps, 1)
+            done += 1
+    return float(total) / max(done, 1)
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return -(-n // batch_size)
 
 
 @torch.inference_mode()

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pflkit.algorithms import ALGORITHMS, Context, build_algorithm  # noqa: F401 (registry)
-from pflkit.algorithms.base import State, nbytes
+from pflkit.algorithms import Context, build_algorithm
+from pflkit.algorithms.base import State, nbytes, parse_params
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
-from pflkit.eval import evaluate_round
+from pflkit.eval import evaluate_round, evaluate_selected
 
 Progress = Callable[[int, dict[str, Any]], None]
 
@@ -60,10 +60,7 @@ class Simulation:
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        # validate the algorithm's parameters before the (possibly slow) data load
-        from pflkit.algorithms.base import parse_params
-
-        parse_params(cfg.algorithm)
+        parse_params(cfg.algorithm)  # fail on bad parameters before the (slow) data load
         self.data = data if data is not None else build_federated(cfg.data)
         self.ctx = Context(cfg, self.data, torch.device(cfg.device))
         self.algo = build_algorithm(self.ctx)
@@ -124,6 +121,12 @@ class Simulation:
                     algo, self.server, self.client_state, cfg.eval.batch_size, cfg.eval.global_model
                 )
             )
+            if cfg.eval.selected_clients:
+                row.update(
+                    evaluate_selected(
+                        algo, self.server, uploads, self.client_state, cfg.eval.batch_size
+                    )
+                )
         t2 = time.perf_counter()
         # the only non-deterministic fields of a metrics row start with "seconds_"
         row["seconds_train"] = t1 - t0

@@ -14,12 +14,12 @@ model over the concatenation of their test splits.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
 
-from pflkit.algorithms.base import Algorithm, State
+from pflkit.algorithms.base import Algorithm, State, Upload
 from pflkit.algorithms.training import accuracy_and_loss, predict, set_weights
 
 
@@ -32,6 +32,31 @@ def summarize_clients(acc: np.ndarray, counts: np.ndarray) -> dict[str, float]:
         "pers_acc_std": float(acc.std()),
         "pers_acc_worst10": float(worst.mean()),
     }
+
+
+def client_accuracy(ctx, cid: int, weights, batch_size: int) -> float:
+    model = ctx.model(ctx.arch(cid))
+    set_weights(model, weights)
+    c = ctx.data.clients[cid]
+    return float((predict(model, c.test_x, batch_size).argmax(1) == c.test_y).float().mean())
+
+
+def evaluate_selected(
+    algo: Algorithm,
+    server: State,
+    uploads: Mapping[int, Upload],
+    client_state: Callable[[int], State],
+    batch_size: int,
+) -> dict[str, float]:
+    """MAP's personalization accuracy: the selected clients' models right after their local
+    training (``Algorithm.trained_weights``) on their local test splits, unweighted mean."""
+    accs = [
+        client_accuracy(
+            algo.ctx, cid, algo.trained_weights(server, cid, up, client_state(cid)), batch_size
+        )
+        for cid, up in uploads.items()
+    ]
+    return {"pers_acc_selected": float(np.mean(accs))}
 
 
 def evaluate_round(
@@ -64,12 +89,7 @@ def evaluate_round(
         if pw is None:
             uses_global.append(cid)
             continue
-        model = ctx.model(ctx.arch(cid))
-        set_weights(model, pw)
-        c = data.clients[cid]
-        acc[cid] = float(
-            (predict(model, c.test_x, batch_size).argmax(1) == c.test_y).float().mean()
-        )
+        acc[cid] = client_accuracy(ctx, cid, pw, batch_size)
     if uses_global:
         if gmodel is None:
             raise RuntimeError(

@@ -9,6 +9,7 @@ from typing import Any
 from pflkit.errors import PflkitError, unknown_name
 from pflkit.models.base import ModelInfo, PFLModel, check_num_classes, check_shape
 from pflkit.models.cnn import cnn4, fedproto_cnn, femnist_cnn, lenet5, lenet5_bn, map_lenet, tfcnn
+from pflkit.models.hetero import ENTRIES as HETERO_ENTRIES
 from pflkit.models.mlp import map_mlpnet, mlp
 from pflkit.models.resnet import resnet18, resnet20, resnet56
 from pflkit.models.vgg import vgg8, vgg8_bn, vgg11
@@ -99,6 +100,8 @@ _ENTRIES = [
         fedproto_cnn,
     ),
 ]
+
+_ENTRIES += HETERO_ENTRIES  # alexnet, shufflenetv2 (KT-pFL), resnet8 (models/hetero.py)
 
 MODELS: dict[str, ModelInfo] = {info.name: info for info in _ENTRIES}
 

@@ -11,7 +11,14 @@ import numpy as np
 
 from pflkit.errors import PflkitError
 
-ACC_KEYS = ("global_acc", "pers_acc_mean", "pers_acc_weighted", "pers_acc_std", "pers_acc_worst10")
+ACC_KEYS = (
+    "global_acc",
+    "pers_acc_mean",
+    "pers_acc_weighted",
+    "pers_acc_std",
+    "pers_acc_worst10",
+    "pers_acc_selected",
+)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,300 @@
+"""Shared machinery of the knowledge-distillation algorithms (KT-pFL, FedMD, Sim-pFD, TopK-pFD,
+FedDF, pFedDF): soft predictions at temperature T on the public set, the distillation loss and
+loop, the simplex projection, and :class:`SoftTeacherKD`, the round structure that KT-pFL,
+FedMD, Sim-pFD and TopK-pFD share.
+
+The public set is ``ctx.data.public_x`` (``data.public`` in the config). Its labels are never
+used. Soft predictions are always taken in eval mode (BN and dropout frozen) and the student is
+trained in train mode (specs/ktpfl.md §8.16).
+
+**SoftTeacherKD** (specs/ktpfl.md §2.2-2.3). Each client keeps its own model (any architecture,
+client state ``weights``); only ``B x C`` soft predictions cross the network. A round has two
+exchanges (``phases()``):
+
+1. ``"share"``: with ``order="train_then_distill"`` (the paper's order) the client first trains
+   ``E`` epochs on its private data; it then uploads ``S_n = softmax(f_n(x_pub) / T)``
+   (``B x C`` floats) and its sample count ``D_n``. The server forms the mixing matrix ``c``
+   (``c[m, n]`` = weight of client ``m`` in client ``n``'s teacher: column ``n`` belongs to
+   student ``n``) and the per-client teachers ``S_hat_n = sum_m c[m, n] S_m``.
+2. ``"distill"``: client ``n`` downloads ``S_hat_n`` (``B x C`` floats) and distils for ``R``
+   epochs over the public set, minimising ``KL(S_hat_n || softmax(f_n(x) / T))``; with
+   ``order="distill_then_train"`` (FedMD's digest-revisit, the KT-pFL code's order) it then
+   trains ``E`` epochs on its private data.
+
+Subclasses only say how ``c`` is formed: uniform (FedMD), learned (KT-pFL), cosine similarity
+(Sim-pFD), top-K cosine (TopK-pFD). With partial participation the mixture runs over the
+clients of the round only, each student's column renormalised over them (§8.14).
+
+Defaults from specs/ktpfl.md §3-4: ``R = 1`` distillation epoch, public batch 256, distillation
+learning rate = the private one (``train.lr``), the whole configured public set every round
+(``data.public.size`` = the paper's ``|D_r| = 3000``). The distillation loss (``kd_loss``) is
+eq. 6 read literally, ``kl``: the per-sample KL divergence (summed over classes, averaged over
+the mini-batch), no ``T^2`` factor. ``kl_t2`` multiplies it by ``T^2`` (Hinton et al. 2015);
+``kl_mean`` is the KT-pFL code's ``kl_div(..., reduction="mean")`` (averaged over samples *and*
+classes: ``kl / C``). The paper states none of this (specs/ktpfl.md §8.3), and the choice sets
+how hard distillation pulls: the gradient on the logits is ``(q - p) / T`` for ``kl``,
+``T (q - p)`` for ``kl_t2`` and ``(q - p) / (T C)`` for ``kl_mean``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from pflkit.algorithms.base import Algorithm, Context, Payload, State, Update, Upload
+from pflkit.algorithms.training import get_weights, local_sgd, predict, set_weights
+from pflkit.errors import PflkitError
+
+PUBLIC_FIX = "set data.public: {dataset: mnist5k, size: 3000}"
+
+
+def require_public(ctx: Context, algorithm: str) -> Tensor:
+    """The public set, or a one-sentence error saying how to configure it."""
+    if ctx.data.public_x is None:
+        raise PflkitError(
+            f"algorithm '{algorithm}' distils on a public set but none is configured: "
+            f"{PUBLIC_FIX} (a public set with the task's classes and input shape)"
+        )
+    return ctx.data.public_x
+
+
+def soft_predictions(model: nn.Module, x: Tensor, temperature: float) -> Tensor:
+    """``softmax(f(x) / T)`` in eval mode, float32 ``[len(x), C]``."""
+    return torch.softmax(predict(model, x, 1000).float() / temperature, dim=1)
+
+
+def kd_loss(temperature: float, kind: str = "kl"):
+    """Loss ``(model, x, teacher_probs) -> KL(teacher || softmax(model(x) / T))``.
+
+    ``kl``: per-sample KL (summed over classes, averaged over the batch); ``kl_t2``: that times
+    ``T^2``; ``kl_mean``: the KT-pFL code's ``kl_div(log_softmax(z / T), p, reduction="mean")``.
+    """
+    t = float(temperature)
+
+    def loss_fn(model: nn.Module, x: Tensor, target: Tensor) -> Tensor:
+        logp = F.log_softmax(model(x) / t, dim=1)
+        if kind == "kl_mean":  # torch's reduction="mean": over samples and classes
+            return F.kl_div(logp, target, reduction="sum") / target.numel()
+        kl = F.kl_div(logp, target, reduction="batchmean")
+        return kl * (t * t) if kind == "kl_t2" else kl
+
+    return loss_fn
+
+
+def distill(
+    model: nn.Module,
+    x: Tensor,
+    teacher: Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    temperature: float,
+    kind: str = "kl",
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+) -> float:
+    """Train ``model`` in place to match ``teacher`` probabilities on ``x`` (the one SGD loop)."""
+    return local_sgd(
+        model,
+        x,
+        teacher,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        loss_fn=kd_loss(temperature, kind),
+    )
+
+
+def mix(c: Tensor, soft: Tensor) -> Tensor:
+    """Teachers ``T[n] = sum_m c[m, n] soft[m]`` for ``c [M, N]``, ``soft [M, B, C]``."""
+    return torch.einsum("mn,mbk->nbk", c.to(soft.dtype), soft)
+
+
+def project_simplex(v: Tensor) -> Tensor:
+    """Euclidean projection of every column of ``v`` onto the probability simplex
+    ``{x >= 0, sum(x) = 1}``: the sort-based algorithm of Held et al. (1974) / Duchi et al.
+    (2008)."""
+    n = v.shape[0]
+    u, _ = torch.sort(v, dim=0, descending=True)
+    css = u.cumsum(0) - 1.0
+    k = torch.arange(1, n + 1, dtype=v.dtype).view(-1, *([1] * (v.dim() - 1)))
+    cond = (u - css / k) > 0
+    rho = cond.to(v.dtype).cumsum(0).argmax(0, keepdim=True)  # last index where cond holds
+    theta = css.gather(0, rho) / (rho + 1).to(v.dtype)
+    return (v - theta).clamp_min(0)
+
+
+def cosine_matrix(soft: Tensor) -> Tensor:
+    """Cosine similarity between the flattened soft-prediction matrices ``soft [M, B, C]``."""
+    flat = soft.reshape(soft.shape[0], -1).double()
+    flat = flat / flat.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return flat @ flat.T
+
+
+def round_indices(seed: int, rnd: int, pool: int, size: int) -> Tensor:
+    """The public subset of round ``rnd``: ``size`` of ``pool`` indices without replacement,
+    a pure function of (seed, round), so every algorithm sees the same subsets."""
+    rng = np.random.default_rng([seed, rnd, 0x9B])
+    return torch.from_numpy(np.sort(rng.choice(pool, size, replace=False)))
+
+
+class SoftTeacherKD(Algorithm):
+    """Clients share soft predictions on the public set; the server mixes them into one
+    teacher per client with a matrix ``c``; clients distil (module docstring)."""
+
+    default_order: str = "train_then_distill"
+
+    class Params(Algorithm.Params):
+        temperature: float = Field(1.0, gt=0)
+        distill_epochs: int = Field(1, gt=0)  # R
+        distill_lr: float | None = Field(None, gt=0)  # eta_2; None: train.lr
+        distill_batch_size: int = Field(256, gt=0)
+        kd_loss: Literal["kl", "kl_t2", "kl_mean"] = "kl"
+        order: Literal["train_then_distill", "distill_then_train"] | None = None
+        local_epoch_schedule: Literal["fixed", "ramp"] = "fixed"
+        public_per_round: int | None = Field(None, gt=0)  # None: the whole public set
+
+    def __init__(self, ctx: Context, params: Params):
+        super().__init__(ctx, params)
+        self.public = require_public(ctx, self.name)
+        p = self.params
+        if p.public_per_round is not None and p.public_per_round > len(self.public):
+            raise PflkitError(
+                f"algorithm '{self.name}': public_per_round {p.public_per_round} exceeds the "
+                f"public set's {len(self.public)} samples: lower it or raise data.public.size"
+            )
+        self.order = p.order or self.default_order
+        self.num_clients = ctx.data.num_clients
+
+    # -- round structure -------------------------------------------------------------------------
+    def phases(self, rnd: int):
+        return ("share", "distill")
+
+    def local_epochs(self, rnd: int) -> int:
+        e = self.ctx.cfg.train.local_epochs
+        return min(rnd, e) if self.params.local_epoch_schedule == "ramp" else e
+
+    def public_indices(self, rnd: int) -> Tensor | None:
+        k = self.params.public_per_round
+        if k is None:
+            return None
+        return round_indices(self.ctx.cfg.seed, rnd, len(self.public), k)
+
+    # -- state -------------------------------------------------------------------------------------
+    def server_init(self) -> State:
+        n = self.num_clients
+        return {"c": torch.full((n, n), 1.0 / n, dtype=torch.float64)}
+
+    def client_init(self, cid: int) -> State:
+        return {"weights": self.ctx.init_weights(self.ctx.arch(cid))}
+
+    # -- one exchange ------------------------------------------------------------------------------
+    def configure(self, server: State, cid: int, rnd: int, phase: str) -> Payload:
+        if phase == "share":
+            idx = self.public_indices(rnd)
+            return {} if idx is None else {"public_idx": idx}
+        return {"teacher": server["teachers"][cid].clone()}
+
+    def _public_x(self, state: State) -> Tensor:
+        idx = state.get("public_idx")
+        return self.public if idx is None else self.public[idx]
+
+    def _train_private(self, model: nn.Module, cid: int, rnd: int) -> float:
+        return self.ctx.train(model, cid, epochs=self.local_epochs(rnd))
+
+    def _distill(self, model: nn.Module, x: Tensor, teacher: Tensor) -> float:
+        p, t = self.params, self.ctx.cfg.train
+        return distill(
+            model,
+            x,
+            teacher,
+            epochs=p.distill_epochs,
+            batch_size=p.distill_batch_size,
+            lr=p.distill_lr or t.lr,
+            temperature=p.temperature,
+            kind=p.kd_loss,
+            momentum=t.momentum,
+            weight_decay=t.weight_decay,
+        )
+
+    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
+        model = self.ctx.model(self.ctx.arch(cid))
+        set_weights(model, state["weights"])
+        metrics: dict[str, float] = {}
+        new_state = dict(state)
+        if phase == "share":
+            new_state["public_idx"] = payload.get("public_idx")
+            if self.order == "train_then_distill":
+                metrics["train_loss"] = self._train_private(model, cid, rnd)
+            x = self._public_x(new_state)
+            upload: Upload = {
+                "soft": soft_predictions(model, x, self.params.temperature),
+                "num_samples": len(self.ctx.client(cid).train_y),
+            }
+        else:
+            x = self._public_x(state)
+            metrics["distill_loss"] = self._distill(model, x, payload["teacher"])
+            if self.order == "distill_then_train":
+                metrics["train_loss"] = self._train_private(model, cid, rnd)
+            upload = self.distill_upload(model, x)
+        if new_state.get("public_idx") is None:
+            new_state.pop("public_idx", None)
+        new_state["weights"] = get_weights(model)
+        return Update(upload, new_state, metrics)
+
+    def distill_upload(self, model: nn.Module, x: Tensor) -> Upload:
+        """What a client sends after distilling (nothing, unless KT-pFL re-uploads)."""
+        return {}
+
+    def aggregate(self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str):
+        server = dict(server)
+        active = sorted(uploads)
+        if phase == "share":
+            server["soft"] = torch.stack([uploads[c]["soft"] for c in active])
+            server["active"] = torch.tensor(active)
+            server["num_samples"] = torch.tensor(
+                [float(uploads[c]["num_samples"]) for c in active], dtype=torch.float64
+            )
+            server = self.before_mix(server, rnd)
+            weights = self.mixing_weights(server)  # [A, A], columns on the simplex
+            teachers = mix(weights, server["soft"])
+            server["teachers"] = {c: teachers[i] for i, c in enumerate(active)}
+        else:
+            server = self.after_distill(server, uploads, rnd)
+        return server
+
+    # -- hooks for the subclasses -------------------------------------------------------------------
+    def mixing_weights(self, server: State) -> Tensor:
+        """``[A, A]`` teacher weights among this round's clients (``server["active"]``);
+        column ``j`` is student ``active[j]``. Default: the stored ``c``, restricted to the
+        round's clients and renormalised per column."""
+        return restrict(server["c"], server["active"])
+
+    def before_mix(self, server: State, rnd: int) -> State:
+        return server
+
+    def after_distill(self, server: State, uploads: Mapping[int, Upload], rnd: int) -> State:
+        return server
+
+    # -- evaluation ---------------------------------------------------------------------------------
+    def global_weights(self, server: State):
+        return None  # every client keeps its own (possibly unique) architecture
+
+    def personal_weights(self, server: State, cid: int, state: State):
+        return state["weights"]
+
+
+def restrict(c: Tensor, active: Tensor) -> Tensor:
+    """``c[active][:, active]`` with every column renormalised to sum to 1."""
+    sub = c[active][:, active]
+    mass = sub.sum(0, keepdim=True)
+    return torch.where(mass > 0, sub / mass.clamp_min(1e-300), 1.0 / len(active))

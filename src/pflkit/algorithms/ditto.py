@@ -1,0 +1,134 @@
+"""Ditto: Li, Hu, Beirami & Smith, "Ditto: Fair and Robust Federated Learning Through
+Personalization", ICML 2021 (Algorithm 1); and DittoRS, Ditto whose global branch uses the
+restricted softmax (MAP, Li et al., TKDE 2024, its ablation "RS applied to Ditto";
+specs/map.md §2.5, §9.1).
+
+Shared: the global model w (downloaded; the global branch's result uploaded). Private: the
+personal model v_k (client state ``personal``), which never leaves the client and is the
+client's personalized model.
+
+Client k, given the downloaded w_t (Algorithm 1):
+
+1. Global branch: FedAvg's client step, E local epochs of SGD on F_k from w_t (the paper's
+   "solve G_k inexactly"), giving w_k; uploaded. (DittoRS: on the RS loss, MAP Eq. 8.)
+2. Personal branch: ``personal_epochs`` epochs of SGD from the stored v_k on the personal
+   objective (paper Eq. 2)
+
+       h_k(v; w_t) = F_k(v) + (lam / 2) ||v - w_t||^2,
+       v <- v - eta (grad F_k(v) + lam (v - w_t))          (Algorithm 1, personal update)
+
+   with plain cross-entropy for F_k (in DittoRS too) and w_t the downloaded model.
+
+Server: w_{t+1} = w_t + mean_S(w_k - w_t) = mean_S(w_k), the uniform mean (Algorithm 1; the MAP
+code averages Ditto uniformly too); ``weighting="samples"`` weights by n_k like FedAvg.
+
+Defaults: ``lam`` = 0.1, the value in both the Ditto paper's grid for clean data
+{0.1, 1, 2} and the MAP code's grid {0.1, 0.01, 0.001}; ``personal_epochs`` =
+``train.local_epochs`` and ``personal_lr`` = ``train.lr`` (the paper uses one eta; the MAP code
+trains the personal model for as many steps as the global branch). Both branches use the
+config's optimiser settings (momentum, weight decay). DittoRS: ``alpha`` = 0.9 (MAP §3) and
+``rs_mode="soft"`` (alpha + (1 - alpha) n_c / max_j n_j), which is what the MAP code's DittoRS
+uses; ``"hard"`` is the paper's indicator rule.
+
+Deviations and options:
+
+- The personal model starts as the first global model the client downloads (Algorithm 1 takes
+  v_k^0 as an input; implementations, the MAP code included, set it to the initial global model
+  w^0). The two agree for clients selected in round 1 (all of them under full participation);
+  a client first selected later starts from the then-current w_t instead of w^0, and until its
+  first selection its personalized model is the global model.
+- ``prox="smooth_l1"`` replaces (lam/2)||v - w_t||^2 by lam * mean over parameter tensors of the
+  mean smooth-L1(v, w_t), as the MAP code does (for Ditto and DittoRS).
+- The proximal term covers parameters, not buffers (BatchNorm statistics of v are its own).
+- The global branch runs first, so its batch order (and the upload) is exactly FedAvg's client
+  step for the same seed; the personal branch then draws its own batch order.
+- Not reproduced from the MAP code (neither is in the paper): its 5-round lr warm-up and
+  gradient clipping at norm 100.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from pflkit.algorithms.base import (
+    Payload,
+    State,
+    Update,
+    register,
+    train_from,
+)
+from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.fedprox import proximal_loss
+from pflkit.algorithms.rs import RSMode, RSParams, client_rs_loss
+from pflkit.algorithms.training import LossFn, Weights, cross_entropy
+
+Weighting = Literal["uniform", "samples"]
+
+
+def smooth_l1_proximal_loss(global_weights: Mapping[str, torch.Tensor], lam: float) -> LossFn:
+    """Cross-entropy + lam * mean over parameter tensors of smooth-L1(p, w_global) (MAP code)."""
+
+    def loss_fn(model, x, y):
+        terms = [F.smooth_l1_loss(p, global_weights[k]) for k, p in model.named_parameters()]
+        return cross_entropy(model, x, y) + lam * sum(terms) / len(terms)
+
+    return loss_fn
+
+
+@register
+class Ditto(FedAvg):
+    name = "ditto"
+    description = "Ditto (Li et al. 2021): FedAvg + a private model pulled toward the global one"
+
+    class Params(FedAvg.Params):
+        lam: float = Field(0.1, ge=0)  # weight of the proximal term
+        prox: Literal["l2", "smooth_l1"] = "l2"  # "smooth_l1": the MAP code's variant
+        personal_epochs: int | None = Field(None, gt=0)  # default: train.local_epochs
+        personal_lr: float | None = Field(None, gt=0)  # default: train.lr
+        weighting: Weighting = "uniform"  # server average (paper: uniform)
+
+    def train_overrides(self, cid: int, payload: Payload) -> dict:
+        """The global branch's local loss (DittoRS: restricted softmax)."""
+        return {}
+
+    def personal_loss(self, w_global: Weights) -> LossFn:
+        p = self.params
+        if p.prox == "l2":
+            return proximal_loss(w_global, p.lam)
+        return smooth_l1_proximal_loss(w_global, p.lam)
+
+    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
+        ctx, p, t = self.ctx, self.params, self.ctx.cfg.train
+        w_t = payload["weights"]
+        glob = super().client_update(cid, payload, state, rnd, phase)  # FedAvg's client step
+        personal, ploss = train_from(
+            ctx,
+            cid,
+            state.get("personal", w_t),
+            epochs=p.personal_epochs or t.local_epochs,
+            lr=p.personal_lr or t.lr,
+            loss_fn=self.personal_loss(w_t),
+        )
+        metrics = {**glob.metrics, "personal_loss": ploss}
+        return Update(glob.upload, {**state, "personal": personal}, metrics)
+
+    def personal_weights(self, server: State, cid: int, state: State):
+        return state.get("personal")
+
+
+@register
+class DittoRS(Ditto):
+    name = "dittors"
+    description = "DittoRS (MAP ablation): Ditto whose global branch uses the restricted softmax"
+
+    class Params(Ditto.Params, RSParams):  # alpha (0.9), rs_mode, min_samples (1)
+        rs_mode: RSMode = "soft"  # the MAP code's DittoRS; "hard": the paper's indicator
+
+    def train_overrides(self, cid: int, payload: Payload) -> dict:
+        y = self.ctx.client(cid).train_y
+        return {"loss_fn": client_rs_loss(y, self.ctx.data.num_classes, self.params)}

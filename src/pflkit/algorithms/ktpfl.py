@@ -1,0 +1,331 @@
+"""KT-pFL: Zhang, Guo, Ma, Wang, Xu, Wu, "Parameterized Knowledge Transfer for Personalized
+Federated Learning", NeurIPS 2021 (specs/ktpfl.md).
+
+**Shared**: soft predictions ``S_n = softmax(f_n(x_pub) / T)`` on the public set (``B x C``
+floats up) and one personalised teacher per client (``B x C`` floats down). **Private**: each
+client's model, of any architecture (client state ``weights``). **Server**: the knowledge-
+coefficient matrix ``c`` (``N x N``, server state ``c``; ``c[m, n]`` is client ``m``'s weight in
+client ``n``'s teacher: column ``n`` belongs to student ``n``, as in the paper's eqs. 2 and 7),
+the latest uploads ``S_m`` and ``D_m``. The server holds no model.
+
+One round, paper order (Alg. 1, Fig. 1; ``order="train_then_distill"``; phases of
+:class:`~pflkit.algorithms.distill.SoftTeacherKD`):
+
+1. phase ``share``: client ``n`` trains ``E`` epochs on its private data (eq. 5, cross-entropy,
+   ``train.lr`` = eta_1) and uploads ``S_n`` (and ``D_n``);
+2. the server forms ``S_hat_n = sum_m c[m, n] S_m`` (eq. 2's teacher);
+3. phase ``distill``: client ``n`` downloads ``S_hat_n`` and distils ``R`` epochs on the public
+   set, minimising ``KL(S_hat_n || s(w_n))`` with the teacher held constant (eq. 6);
+4. the server updates ``c`` with the models frozen (eq. 7) and applies it next round.
+
+Coefficient update (``coef_update``):
+
+- ``"paper"`` (default): ``coef_steps`` gradient steps on
+  ``J(c) = lam * sum_n (D_n / D) * sum_x KL(sum_m c[m, n] S_m(x) || S_n(x)) + rho * ||c - 1/N||_F^2``
+  (eqs. 4 and 7; the KL is summed over the round's public samples as eq. 2 writes it), step
+  ``coef_lr`` = eta_3, then every column is projected onto the probability simplex (the paper
+  states no constraint; KL needs valid mixtures; §8.2, §10). ``coef_kl: mean`` averages the KL
+  over the public samples instead (specs/ktpfl.md §10's reading); with ``lam = 1`` and T = 10 that
+  leaves ``c`` within about 1e-4 of uniform, i.e. KT-pFL degenerates to uniform mixing.
+- ``"official"``: the authors' code: per student, loss ``MSE(S_n, sum_m c[m, n] S_m) +
+  rho * MSE(c[:, n], 1/N)``, one step with the code's normalised step size (start at 1, divide or
+  multiply by 5, five times, so that mean|grad| * step lands near [0.01, 0.05]), then
+  ``c[:, n] = softmax(5 * c[:, n])``, stored post-softmax (§9).
+
+When ``c`` is updated (``coef_timing``): ``"after_distill_reuse_uploads"`` (default: eq. 7 after
+distillation, evaluated with the uploads of step 1, so no second upload),
+``"after_distill_reupload"`` (clients upload fresh predictions after distilling: eq. 7's
+``w*`` literally, twice the upload traffic), ``"before_mix"`` (the code: update ``c`` from this
+round's uploads, then mix). The authors' code order is ``order: distill_then_train,
+coef_timing: before_mix, coef_update: official, local_epoch_schedule: ramp`` (distil, then train
+privately; local epochs 1, 2, ..., E).
+
+Defaults (specs/ktpfl.md §3, §10): T = 10 (code), rho = 0.7 (code; inferred for the paper),
+lam = 1, eta_3 = 0.01 (hyper-parameter study), R = 1, public batch 256, eta_2 = eta_1 =
+``train.lr``, ``c_0`` uniform. Set E (``train.local_epochs``, paper 20), the private batch
+(``train.batch_size``, paper 128), eta_1 (``train.lr``, paper 0.01 / 0.02 for CIFAR-10) and
+``|D_r|`` (``data.public.size``, paper 3000) in the config.
+
+Partial participation (unspecified in the paper, §8.14): the teachers mix only the round's
+clients, each column renormalised over them, and only the sub-block ``c[S_t, S_t]`` is updated
+(each column keeping its mass on ``S_t``).
+
+Deviations: ``c`` is kept on the simplex (projection); the distillation loss is eq. 6's KL per
+sample, averaged over the mini-batch (``kd_loss``, see :mod:`pflkit.algorithms.distill`; the code
+also divides by the number of classes: ``kd_loss: kl_mean``); no public-data pre-training and no 1-epoch "initialisation" pass (the code's ``pretrain``).
+
+**ktpfl_homo** (Table 2's homogeneous variant; App. C is missing, so this is an inferred
+design, §2.5): all clients share one architecture and exchange parameters. The server keeps one
+personalised model per client ``w_bar_n = sum_m c[m, n] w_m`` (floating-point entries; integer
+buffers from client ``n``), client ``n`` downloads ``w_bar_n``, trains ``E`` epochs and uploads
+its weights and its soft predictions on the public set; ``c`` is learned from those predictions
+exactly as above (the KT-pFL objective), after the mix. Clients are scored with their model
+after local training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field
+from torch import Tensor
+
+from pflkit.algorithms.base import Algorithm, Context, Payload, State, Update, Upload, register
+from pflkit.algorithms.distill import (
+    SoftTeacherKD,
+    project_simplex,
+    require_public,
+    restrict,
+    round_indices,
+    soft_predictions,
+)
+from pflkit.algorithms.training import Weights, get_weights, set_weights
+from pflkit.errors import PflkitError
+
+EPS = 1e-12
+
+
+# -- the coefficient update (eq. 7) ---------------------------------------------------------------
+
+
+def coef_objective(
+    c: Tensor, soft: Tensor, weights: Tensor, lam: float, rho: float, reduction: str = "sum"
+) -> Tensor:
+    """``lam * sum_n weights[n] * sum_x KL(sum_m c[m, n] soft[m, x] || soft[n, x])
+    + rho * ||c - 1/N||_F^2`` for ``c [N, N]``, ``soft [N, B, C]``, ``weights [N]`` (eqs. 2, 4;
+    ``reduction="mean"`` averages over the ``B`` public samples instead of summing)."""
+    n = c.shape[0]
+    s = soft.to(c.dtype)
+    p = torch.einsum("mn,mbk->nbk", c, s)
+    kl = (p * (p.clamp_min(EPS).log() - s.clamp_min(EPS).log())).sum(-1)  # [N, B]
+    kl = kl.mean(-1) if reduction == "mean" else kl.sum(-1)
+    return lam * (weights.to(c.dtype) * kl).sum() + rho * (c - 1.0 / n).pow(2).sum()
+
+
+def coef_step_paper(
+    c: Tensor,
+    soft: Tensor,
+    weights: Tensor,
+    *,
+    lam: float,
+    rho: float,
+    lr: float,
+    steps: int = 1,
+    reduction: str = "sum",
+) -> Tensor:
+    """Eq. 7: ``steps`` gradient steps on :func:`coef_objective` with step ``lr``, each followed
+    by projecting every column onto the probability simplex. Returns the new ``c``."""
+    x = c.detach().double()
+    for _ in range(steps):
+        xg = x.clone().requires_grad_(True)
+        loss = coef_objective(xg, soft, weights, lam, rho, reduction)
+        (grad,) = torch.autograd.grad(loss, xg)
+        x = project_simplex(x - lr * grad)
+    return x
+
+
+def coef_step_official(c: Tensor, soft: Tensor, *, rho: float) -> Tensor:
+    """The KT-pFL code's update (``engine_kt_pfl.get_models_logits``), column = student:
+    MSE surrogate + rho * MSE to uniform, normalised step, per-column softmax(5 c)."""
+    x = c.detach().double().clone()
+    n = x.shape[0]
+    s = soft.double()
+    uniform = torch.full((n,), 1.0 / n, dtype=torch.float64)
+    for j in range(n):
+        col = x[:, j].clone().requires_grad_(True)
+        teacher = torch.einsum("m,mbk->bk", col, s)
+        loss = F.mse_loss(s[j], teacher) + rho * F.mse_loss(col, uniform)
+        (g,) = torch.autograd.grad(loss, col)
+        avg, step = float(g.abs().sum()) / n, 1.0
+        for _ in range(5):  # the code's loop, both tests in every pass
+            if avg > 0.01:
+                avg, step = avg / 5, step / 5
+            if avg < 0.01:
+                avg, step = avg * 5, step * 5
+        x[:, j] = x[:, j] - step * g
+    return torch.softmax(5.0 * x, dim=0)
+
+
+class CoefParams(BaseModel):
+    """The knowledge-coefficient hyper-parameters (KT-pFL and its homogeneous variant)."""
+
+    rho: float = Field(0.7, ge=0)  # pull of c towards uniform
+    lam: float = Field(1.0, ge=0)  # weight of the KD term in eq. 4 / 7
+    coef_lr: float = Field(0.01, gt=0)  # eta_3
+    coef_steps: int = Field(1, gt=0)  # gradient steps on c per round
+    coef_update: Literal["paper", "official"] = "paper"
+    coef_kl: Literal["sum", "mean"] = "sum"  # KL summed (eq. 2) or averaged over public samples
+
+
+def update_coefficients(
+    c: Tensor, active: Tensor, soft: Tensor, num_samples: Tensor, p: CoefParams
+) -> Tensor:
+    """New ``c`` after one eq.-7 update on the sub-block of the round's clients ``active``
+    (``soft [A, B, C]``, ``num_samples [A]``); each column keeps its mass on ``active``."""
+    c = c.clone()
+    sub = c[active][:, active]
+    mass = sub.sum(0, keepdim=True).clamp_min(1e-300)
+    x = sub / mass
+    if p.coef_update == "paper":
+        w = num_samples.double() / num_samples.double().sum()
+        x = coef_step_paper(
+            x, soft, w, lam=p.lam, rho=p.rho, lr=p.coef_lr, steps=p.coef_steps, reduction=p.coef_kl
+        )
+    else:
+        x = coef_step_official(x, soft, rho=p.rho)
+    c[active.view(-1, 1), active.view(1, -1)] = x * mass
+    return c
+
+
+def teacher_weights(c: Tensor, n: int) -> Tensor:
+    """Client ``n``'s teacher weights: column ``n`` of ``c`` (``c[m, n]`` = weight of ``m``)."""
+    return c[:, n]
+
+
+# -- KT-pFL (heterogeneous models, knowledge distillation) -----------------------------------------
+
+
+@register
+class KTpFL(SoftTeacherKD):
+    name = "ktpfl"
+    description = (
+        "KT-pFL (Zhang et al. 2021): soft predictions on a public set, learned knowledge-"
+        "coefficient matrix c mixes them into per-client teachers; heterogeneous models"
+    )
+    default_order = "train_then_distill"
+
+    class Params(SoftTeacherKD.Params, CoefParams):
+        temperature: float = Field(10.0, gt=0)
+        coef_timing: Literal[
+            "after_distill_reuse_uploads", "after_distill_reupload", "before_mix"
+        ] = "after_distill_reuse_uploads"
+
+    def _update_c(self, server: State, soft: Tensor) -> State:
+        c = update_coefficients(
+            server["c"], server["active"], soft, server["num_samples"], self.params
+        )
+        return {**server, "c": c}
+
+    def before_mix(self, server: State, rnd: int) -> State:
+        if self.params.coef_timing == "before_mix":
+            return self._update_c(server, server["soft"])
+        return server
+
+    def distill_upload(self, model, x) -> Upload:
+        if self.params.coef_timing == "after_distill_reupload":
+            return {"soft": soft_predictions(model, x, self.params.temperature)}
+        return {}
+
+    def after_distill(self, server: State, uploads: Mapping[int, Upload], rnd: int) -> State:
+        timing = self.params.coef_timing
+        if timing == "before_mix":
+            return server
+        soft = server["soft"]
+        if timing == "after_distill_reupload":
+            active = server["active"].tolist()
+            soft = torch.stack([uploads[c]["soft"] for c in active])
+            server = {**server, "soft": soft}
+        return self._update_c(server, soft)
+
+
+# -- homogeneous KT-pFL (Table 2; inferred design) ---------------------------------------------------
+
+
+def mix_weights(c_col: Tensor, models: list[Weights], own: Weights) -> Weights:
+    """``sum_m c_col[m] * models[m]`` for floating-point entries; integer buffers from ``own``."""
+    out: Weights = {}
+    for k, v in own.items():
+        if not v.is_floating_point():
+            out[k] = v.clone()
+            continue
+        acc = torch.zeros_like(v)
+        for w, m in zip(c_col.tolist(), models, strict=True):
+            acc.add_(m[k], alpha=w)
+        out[k] = acc
+    return out
+
+
+@register
+class KTpFLHomo(Algorithm):
+    name = "ktpfl_homo"
+    description = (
+        "KT-pFL, homogeneous variant (Table 2): the learned matrix c mixes client parameters "
+        "into one personalised model per client (inferred design: App. C is missing)"
+    )
+
+    class Params(Algorithm.Params, CoefParams):
+        temperature: float = Field(10.0, gt=0)
+        public_per_round: int | None = Field(None, gt=0)
+
+    def __init__(self, ctx: Context, params: Params):
+        super().__init__(ctx, params)
+        self.public = require_public(ctx, self.name)
+        archs = {ctx.arch(c) for c in range(ctx.data.num_clients)}
+        if len(archs) > 1:
+            raise PflkitError(
+                f"algorithm '{self.name}' averages parameters, so every client needs the same "
+                f"architecture (got {len(archs)}): remove model.per_client, or use 'ktpfl'"
+            )
+        k = params.public_per_round
+        if k is not None and k > len(self.public):
+            raise PflkitError(
+                f"algorithm '{self.name}': public_per_round {k} exceeds the public set's "
+                f"{len(self.public)} samples: lower it or raise data.public.size"
+            )
+
+    def server_init(self) -> State:
+        n = self.ctx.data.num_clients
+        return {
+            "c": torch.full((n, n), 1.0 / n, dtype=torch.float64),
+            "weights": self.ctx.init_weights(self.ctx.arch(0)),
+            "personal": {},
+        }
+
+    def client_init(self, cid: int) -> State:
+        return {}
+
+    def configure(self, server: State, cid: int, rnd: int, phase: str) -> Payload:
+        payload: Payload = {"weights": server["personal"].get(cid, server["weights"])}
+        if self.params.public_per_round is not None:
+            payload["public_idx"] = round_indices(
+                self.ctx.cfg.seed, rnd, len(self.public), self.params.public_per_round
+            )
+        return payload
+
+    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
+        model = self.ctx.model(self.ctx.arch(cid))
+        set_weights(model, payload["weights"])
+        loss = self.ctx.train(model, cid)
+        idx = payload.get("public_idx")
+        x = self.public if idx is None else self.public[idx]
+        weights = get_weights(model)
+        upload = {
+            "weights": weights,
+            "soft": soft_predictions(model, x, self.params.temperature),
+            "num_samples": len(self.ctx.client(cid).train_y),
+        }
+        return Update(upload, {"weights": weights}, {"train_loss": loss})
+
+    def aggregate(self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str):
+        active_list = sorted(uploads)
+        active = torch.tensor(active_list)
+        models = [uploads[c]["weights"] for c in active_list]
+        mixing = restrict(server["c"], active)
+        personal = dict(server["personal"])
+        for j, cid in enumerate(active_list):
+            personal[cid] = mix_weights(mixing[:, j], models, uploads[cid]["weights"])
+        soft = torch.stack([uploads[c]["soft"] for c in active_list])
+        num = torch.tensor([float(uploads[c]["num_samples"]) for c in active_list])
+        c = update_coefficients(server["c"], active, soft, num, self.params)
+        return {**server, "c": c, "personal": personal}
+
+    def global_weights(self, server: State):
+        return None
+
+    def personal_weights(self, server: State, cid: int, state: State):
+        if "weights" in state:
+            return state["weights"]
+        return server["personal"].get(cid, server["weights"])

@@ -1,0 +1,293 @@
+"""SCAFFOLD: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
+Learning", ICML 2020 (Algorithm 1, control-variate option II); and ScaRS, SCAFFOLD whose local
+loss is the restricted softmax (MAP, Li et al., TKDE 2024, its ablation "RS applied to
+Scaffold"; specs/map.md §2.5, §9.1).
+
+Shared: the global model x and the server control variate c (both downloaded, so SCAFFOLD
+downloads twice the parameters: c covers parameters only), and per round each selected client's
+model delta Delta y_i and control delta Delta c_i (uploaded). Private: the client control variate
+c_i (client state ``control``), and for ``personal="local"`` the client's last local model.
+
+Client i, from the downloaded x and c, with K = epochs * ceil(n_i / B) local steps at lr eta_l
+(paper Algorithm 1, lines 7-13)::
+
+    y <- x
+    y <- y - eta_l (g_i(y) + c - c_i)                   K times   (Eq. 3 / line 10)
+    c_i+ <- c_i - c + (x - y) / (K eta_l)               option II (Eq. 4 / line 12)
+    upload Delta y = y - x,  Delta c = c_i+ - c_i;  keep c_i <- c_i+
+
+Server (lines 16-17), over the selected clients S of N::
+
+    x <- x + eta_g * mean_S(Delta y)
+    c <- c + (|S| / N) * mean_S(Delta c)                 (control_scale="paper")
+
+How the correction is applied: the local loss gets the linear term sum_p <c_p - c_i,p, p>,
+whose gradient is exactly c - c_i, and the shared :func:`local_sgd` loop runs with momentum 0.
+So a step is y <- y - eta_l (g(y) + c - c_i [+ wd * y]) with the same batch order as FedAvg's
+client step (with c = c_i = 0 it *is* FedAvg's step without momentum); the reported training
+loss is the task loss alone, without the linear term.
+
+ScaRS: the same, with g_i the gradient of the restricted-softmax loss (MAP Eq. 8, :mod:`rs`):
+per-class logit scale 1 for observed classes, alpha for missing ones (``rs_mode="hard"``, the
+paper's rule and what the MAP code's ScaffoldRS intends; observed = at least ``min_samples``
+training samples, specs/map.md §8.9). ``alpha`` defaults to 0.9 (MAP §3 default).
+
+Defaults: ``eta_g`` = 1.0 (the paper's experiments; the MAP code grid is {0.5, 0.75, 0.9});
+uniform means over S (the paper and the MAP code). The module-level functions
+:func:`scaffold_local_steps` and :func:`scaffold_server_update` are the client and server steps,
+reused by ScaMAP (MAP whose stage A is SCAFFOLD with the RS loss).
+
+Deviations and options:
+
+- The server's control update scales by |S|/N as in the paper; ``control_scale="code"`` omits
+  the factor as the MAP code does (c <- c + mean_S(Delta c)).
+- ``weighting="samples"`` weights the model deltas by n_i (like FedAvg); the control deltas are
+  always averaged uniformly, which keeps c = mean_i(c_i) with the paper's scale.
+- Buffers (BatchNorm running statistics) are not covered by the controls: they are uploaded
+  in Delta y and averaged like FedAvg (x_buf <- mean_S(y_buf), no eta_g); integer buffers are
+  taken from the first client, as in :func:`weighted_average`.
+- ``train.momentum`` is ignored (the paper's step and the MAP code's ScaffoldOptimizer have no
+  momentum). ``train.weight_decay`` is applied as part of the local objective (its gradient
+  is in g and so in the control estimate); ``local_weight_decay=false`` ignores it, as the MAP
+  code's optimizer does.
+- Personalized model: ``personal="global"`` (default) scores the global model, as FedAvg and
+  FedRS here; ``personal="local"`` scores each client's model after its last local training.
+  MAP's protocol (``eval.selected_clients``, §4.4), which the MAP code uses for Scaffold and
+  ScaRS (§2.5), always scores that local model. A client not yet selected uses the global
+  model. The
+  last local model is kept in client state (``weights``) only when something reads it: for
+  ``personal="local"`` and for MAP's selected-clients evaluation (``eval.selected_clients``).
+- Only option II of the control update is implemented (option I needs an extra pass over the
+  local data at x).
+- Not reproduced from the MAP code (none is in the paper): its 5-round lr warm-up, gradient
+  clipping at norm 100, eta_g applied to BatchNorm buffers too, and its count-of-proportion
+  RS mask (a bug, specs/map.md §8.9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, NamedTuple
+
+import torch
+from pydantic import Field
+
+from pflkit.algorithms.base import (
+    Algorithm,
+    Context,
+    Payload,
+    State,
+    Update,
+    Upload,
+    register,
+    weighted_average,
+)
+from pflkit.algorithms.rs import RSParams, client_rs_loss
+from pflkit.algorithms.training import (
+    LossFn,
+    Weights,
+    cross_entropy,
+    get_weights,
+    set_weights,
+    steps_per_epoch,
+)
+
+ControlScale = Literal["paper", "code"]
+Weighting = Literal["uniform", "samples"]
+
+
+class ScaffoldStep(NamedTuple):
+    """Result of :func:`scaffold_local_steps`."""
+
+    weights: Weights  # y: the client's model after K corrected steps (parameters and buffers)
+    control: Weights  # c_i+: the client's new control variate (parameters only)
+    delta_y: Weights  # y - x (parameters and buffers): uploaded
+    delta_c: Weights  # c_i+ - c_i (parameters only): uploaded
+    loss: float  # mean task loss over the K steps (without the correction term)
+
+
+def zero_control(ctx: Context, cid: int | None = None) -> Weights:
+    """A control variate of zeros: one tensor per *parameter* of the client's model."""
+    model = ctx.model(ctx.arch(cid))
+    return {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+
+
+def scaffold_local_steps(
+    ctx: Context,
+    cid: int,
+    global_weights: Mapping[str, torch.Tensor],
+    c_global: Mapping[str, torch.Tensor],
+    c_local: Mapping[str, torch.Tensor] | None = None,
+    *,
+    loss_fn: LossFn = cross_entropy,
+    lr: float | None = None,
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    weight_decay: float | None = None,
+    steps: int | None = None,
+    slot: int | str = 0,
+) -> ScaffoldStep:
+    """SCAFFOLD's client step (Algorithm 1 lines 7-13, option II) on client ``cid``.
+
+    Starts from ``global_weights`` (x), runs K local steps of
+    y <- y - lr * (grad loss_fn(y) + c_global - c_local [+ weight_decay * y]), no momentum,
+    then sets c_local+ = c_local - c_global + (x - y) / (K * lr). K = ``steps`` if given, else
+    epochs * ceil(n / batch_size) (whole epochs, the last batch of each possibly partial).
+    ``c_local=None`` means zeros (a client's first participation). ``lr``, ``epochs``,
+    ``batch_size`` and ``weight_decay`` default to the config's ``train`` section.
+
+    Trains the reusable model ``ctx.model(ctx.arch(cid), slot)``, which holds y afterwards (a
+    later stage can continue from it, as ScaMAP's stage B does), and draws the batch order from
+    torch's global RNG: the same draws as FedAvg's client step.
+    """
+    t = ctx.cfg.train
+    lr = t.lr if lr is None else lr
+    epochs = t.local_epochs if epochs is None else epochs
+    batch_size = t.batch_size if batch_size is None else batch_size
+    weight_decay = t.weight_decay if weight_decay is None else weight_decay
+    n = len(ctx.client(cid).train_y)
+    if steps is None:
+        steps = epochs * steps_per_epoch(n, batch_size)
+    if n == 0:
+        steps = 0  # no data: no step, no control change
+
+    model = ctx.model(ctx.arch(cid), slot)
+    set_weights(model, global_weights)
+    params = dict(model.named_parameters())
+    if c_local is None:
+        c_local = {k: torch.zeros_like(p) for k, p in params.items()}
+    correction = [(p, (c_global[k] - c_local[k]).detach()) for k, p in params.items()]
+    task_loss = torch.zeros((), device=ctx.device)
+
+    def corrected_loss(m, x, y):
+        loss = loss_fn(m, x, y)
+        task_loss.add_(loss.detach())
+        # gradient of sum <c - c_i, p> is exactly c - c_i
+        return loss + sum(torch.sum(p * d) for p, d in correction)
+
+    ctx.train(
+        model,
+        cid,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        momentum=0.0,
+        weight_decay=weight_decay,
+        loss_fn=corrected_loss,
+    )
+    y = get_weights(model)
+    delta_y = {k: y[k] - global_weights[k] for k in y}
+    if steps == 0:
+        delta_c = {k: torch.zeros_like(v) for k, v in c_local.items()}
+    else:
+        # c_i+ - c_i = -c + (x - y) / (K lr)
+        delta_c = {k: -delta_y[k] / (steps * lr) - c_global[k] for k in c_local}
+    new_c = {k: c_local[k] + delta_c[k] for k in c_local}
+    loss = float(task_loss) / max(steps, 1)
+    return ScaffoldStep(y, new_c, delta_y, delta_c, loss)
+
+
+def scaffold_server_update(
+    server: State,
+    uploads: Mapping[int, Upload],
+    eta_g: float,
+    num_clients: int,
+    *,
+    control_scale: ControlScale = "paper",
+    weighting: Weighting = "uniform",
+) -> State:
+    """SCAFFOLD's server step (Algorithm 1 lines 16-17) on ``server = {"weights": x,
+    "control": c, ...}`` and uploads ``{"delta_y", "delta_c", "num_samples"}``.
+
+    x <- x + eta_g * mean(Delta y) on parameters (buffers: x + mean(Delta y), i.e. FedAvg's
+    average); c <- c + s * mean(Delta c) with s = |S| / num_clients (``"paper"``) or 1
+    (``"code"``). ``weighting`` applies to the model deltas only. Other server keys are kept.
+    """
+    x, c = server["weights"], server["control"]
+    dy = weighted_average(uploads, "delta_y", uniform=weighting == "uniform")
+    dc = weighted_average(uploads, "delta_c", uniform=True)
+    scale = len(uploads) / num_clients if control_scale == "paper" else 1.0
+    new_x = {}
+    for k, v in x.items():
+        if not v.is_floating_point():
+            new_x[k] = v + dy[k]
+        else:
+            new_x[k] = v + (eta_g if k in c else 1.0) * dy[k]
+    new_c = {k: v + scale * dc[k] for k, v in c.items()}
+    return {**server, "weights": new_x, "control": new_c}
+
+
+@register
+class Scaffold(Algorithm):
+    name = "scaffold"
+    description = "SCAFFOLD (Karimireddy et al. 2020): control variates correct client drift"
+
+    class Params(Algorithm.Params):
+        eta_g: float = Field(1.0, gt=0)  # server learning rate (paper: 1)
+        control_scale: ControlScale = "paper"  # "code": no |S|/N factor (MAP code)
+        weighting: Weighting = "uniform"  # of the model deltas (paper: uniform)
+        local_weight_decay: bool = True  # false: ignore train.weight_decay (MAP code)
+        personal: Literal["global", "local"] = "global"
+
+    def server_init(self) -> State:
+        return {"weights": self.ctx.init_weights(), "control": zero_control(self.ctx)}
+
+    def configure(self, server: State, cid: int, rnd: int, phase: str) -> Payload:
+        return {"weights": server["weights"], "control": server["control"]}
+
+    def local_loss(self, cid: int) -> LossFn:
+        """The task loss of the local steps (ScaRS: restricted softmax)."""
+        return cross_entropy
+
+    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
+        step = scaffold_local_steps(
+            self.ctx,
+            cid,
+            payload["weights"],
+            payload["control"],
+            state.get("control"),
+            loss_fn=self.local_loss(cid),
+            weight_decay=None if self.params.local_weight_decay else 0.0,
+        )
+        new_state = {**state, "control": step.control}
+        if self.keeps_local_model:
+            new_state["weights"] = step.weights
+        n = len(self.ctx.client(cid).train_y)
+        upload = {"delta_y": step.delta_y, "delta_c": step.delta_c, "num_samples": n}
+        return Update(upload, new_state, {"train_loss": step.loss})
+
+    def aggregate(self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str):
+        p = self.params
+        return scaffold_server_update(
+            server,
+            uploads,
+            p.eta_g,
+            self.ctx.data.num_clients,
+            control_scale=p.control_scale,
+            weighting=p.weighting,
+        )
+
+    @property
+    def keeps_local_model(self) -> bool:
+        """Whether client state keeps the last local model y (it is read only for
+        ``personal="local"`` and for MAP's selected-clients evaluation)."""
+        return self.params.personal == "local" or self.ctx.cfg.eval.selected_clients
+
+    def personal_weights(self, server: State, cid: int, state: State):
+        return state.get("weights") if self.params.personal == "local" else None
+
+    def trained_weights(self, server: State, cid: int, upload: Upload, state: State):
+        return state["weights"]  # y, after this round's local steps (the upload is a delta)
+
+
+@register
+class ScaRS(Scaffold):
+    name = "scars"
+    description = "ScaRS (MAP ablation): SCAFFOLD whose local loss is the restricted softmax"
+
+    class Params(Scaffold.Params, RSParams):  # alpha (0.9), rs_mode ("hard"), min_samples (1)
+        pass
+
+    def local_loss(self, cid: int) -> LossFn:
+        y = self.ctx.client(cid).train_y
+        return client_rs_loss(y, self.ctx.data.num_classes, self.params)

@@ -1,0 +1,98 @@
+"""FederatedDataset: local splits, global test set, public set, partition cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pflkit.config import DataConfig
+from pflkit.data.federated import build_federated
+from pflkit.errors import PflkitError
+
+
+def digits(**kw) -> DataConfig:
+    base = {"dataset": "digits", "num_clients": 5, "partition": {"name": "iid"}}
+    return DataConfig.model_validate(base | kw)
+
+
+def test_local_splits_cover_each_client_without_overlap():
+    fd = build_federated(digits(test_fraction=0.2))
+    all_idx = np.concatenate(fd.train_indices + fd.test_indices)
+    assert len(all_idx) == len(np.unique(all_idx)) == 1797  # nothing lost or duplicated
+    for tr, te, c in zip(fd.train_indices, fd.test_indices, fd.clients, strict=True):
+        assert len(te) == max(int(0.2 * (len(tr) + len(te))), 1)
+        assert len(c.train_y) == len(tr) and len(c.test_y) == len(te)
+    # digits has no official test set: the global test set is the union of local test splits
+    assert len(fd.test_y) == sum(len(te) for te in fd.test_indices)
+
+
+def test_partition_is_cached_and_keyed_by_its_parameters(tmp_path):
+    a = build_federated(digits(root=str(tmp_path)))
+    files = list((tmp_path / "partitions").glob("*.npz"))
+    assert [f.stem for f in files] == [a.partition_id]
+    b = build_federated(digits(root=str(tmp_path)))  # read back from the cache
+    assert all(np.array_equal(x, y) for x, y in zip(a.train_indices, b.train_indices, strict=True))
+    assert build_federated(digits(root=str(tmp_path), seed=1)).partition_id != a.partition_id
+    c = build_federated(digits(root=str(tmp_path), partition={"name": "dirichlet", "alpha": 0.5}))
+    assert c.partition_id != a.partition_id
+
+
+def test_subset_and_official_test_set_kept_whole():
+    fd = build_federated(
+        DataConfig.model_validate(
+            {
+                "dataset": "fashion_mnist",
+                "subset": 1000,
+                "num_clients": 4,
+                "partition": {"name": "iid"},
+            }
+        )
+    )
+    assert sum(len(c.train_y) + len(c.test_y) for c in fd.clients) == 1000
+    assert len(fd.test_y) == 10000
+
+
+def test_public_set_is_drawn_and_checked():
+    fd = build_federated(
+        DataConfig.model_validate(
+            {
+                "dataset": "fashion_mnist",
+                "subset": 500,
+                "num_clients": 2,
+                "partition": {"name": "iid"},
+                "public": {"dataset": "mnist5k", "size": 300},
+            }
+        )
+    )
+    assert fd.public_x.shape == (300, 1, 28, 28) and fd.public_x.dtype == torch.float32
+    with pytest.raises(PflkitError, match="inputs of shape"):
+        build_federated(digits(public={"dataset": "mnist5k", "size": 10}))
+    with pytest.raises(PflkitError, match="exceeds the 5000 samples"):
+        build_federated(
+            DataConfig.model_validate(
+                {"dataset": "fashion_mnist", "subset": 500, "num_clients": 2,
+                 "partition": {"name": "iid"}, "public": {"dataset": "mnist5k", "size": 6000}}
+            )
+        )  # fmt: skip
+
+
+def test_public_set_with_other_class_count_is_refused(monkeypatch):
+    from pflkit.data import federated, sources
+
+    real = sources.load_source
+
+    def fake(name, *a, **kw):
+        src = real(name, *a, **kw)
+        if name == "mnist5k":
+            src = sources.Source(**{**src.__dict__, "num_classes": 26})
+        return src
+
+    monkeypatch.setattr(federated, "load_source", fake)
+    with pytest.raises(PflkitError, match="has 26 classes but the task"):
+        build_federated(
+            DataConfig.model_validate(
+                {"dataset": "fashion_mnist", "subset": 500, "num_clients": 2,
+                 "partition": {"name": "iid"}, "public": {"dataset": "mnist5k", "size": 100}}
+            )
+        )  # fmt: skip

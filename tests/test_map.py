@@ -1,0 +1,236 @@
+"""MAP family: restricted softmax, the inherited private model, KD/MMD, MAP's two stages."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pflkit.algorithms.base import parse_params
+from pflkit.algorithms.hpm import (
+    hpm_momentum,
+    hpm_update,
+    kd_loss,
+    mmd_loss,
+    personalize,
+)
+from pflkit.algorithms.rs import class_counts, rs_loss, rs_scale
+from pflkit.algorithms.training import get_weights, set_weights
+from pflkit.engine import Simulation, run_experiment
+from pflkit.engine.simulation import seed_torch
+from pflkit.errors import PflkitError
+
+
+class Head(torch.nn.Module):
+    """features = x, logits = W x (bias-free, as MAP's models)."""
+
+    def __init__(self, d=3, c=4):
+        super().__init__()
+        self.head = torch.nn.Linear(d, c, bias=False)
+
+    def features(self, x):
+        return x
+
+    def forward(self, x):
+        return self.head(x)
+
+
+# -- restricted softmax --------------------------------------------------------------------------
+def test_rs_scales_exactly_the_missing_classes_logits():
+    counts = torch.tensor([5.0, 0.0, 2.0, 0.0])
+    scale = rs_scale(counts, alpha=0.3)
+    assert scale.tolist() == pytest.approx([1.0, 0.3, 1.0, 0.3])
+    torch.manual_seed(0)
+    logits = torch.randn(6, 4)
+    scaled = logits * scale
+    assert torch.equal(scaled[:, [0, 2]], logits[:, [0, 2]])  # observed: unchanged
+    assert torch.allclose(scaled[:, [1, 3]], 0.3 * logits[:, [1, 3]])  # missing: alpha times
+    assert rs_scale(counts, 0.3, min_samples=3).tolist() == pytest.approx([1.0, 0.3, 0.3, 0.3])
+
+
+def test_rs_with_alpha_one_is_plain_softmax():
+    torch.manual_seed(0)
+    model, x, y = Head(), torch.randn(8, 3), torch.tensor([0, 2] * 4)
+    scale = rs_scale(class_counts(y, 4), alpha=1.0)
+    assert torch.equal(rs_loss(scale)(model, x, y), F.cross_entropy(model(x), y))
+
+
+def test_rs_with_alpha_zero_gives_missing_proxies_no_gradient():
+    torch.manual_seed(0)
+    model, x, y = Head(), torch.randn(8, 3), torch.tensor([0, 2] * 4)
+    rs_loss(rs_scale(class_counts(y, 4), alpha=0.0))(model, x, y).backward()
+    g = model.head.weight.grad
+    assert torch.count_nonzero(g[[1, 3]]) == 0  # missing classes 1 and 3
+    assert torch.count_nonzero(g[[0, 2]]) > 0
+    # with alpha = 0.5 the missing proxies' gradient is damped, not zero
+    model.zero_grad()
+    rs_loss(rs_scale(class_counts(y, 4), alpha=0.5))(model, x, y).backward()
+    assert torch.count_nonzero(model.head.weight.grad[[1, 3]]) > 0
+
+
+def test_rs_soft_and_complete_modes():
+    counts = torch.tensor([10.0, 0.0, 5.0])
+    assert rs_scale(counts, 0.2, "soft").tolist() == pytest.approx([1.0, 0.2, 0.2 + 0.8 * 0.5])
+    assert rs_scale(counts, 0.2, "complete").tolist() == pytest.approx([10 / 15, 0.0, 5 / 15])
+
+
+# -- inherited private model -----------------------------------------------------------------------
+def test_hpm_momentum_schedules():
+    # paper: mu * z / (Q T), z includes this selection, clipped to [0, 1]
+    assert hpm_momentum(1, 0.2, 150) == pytest.approx(0.9 / 30)
+    assert hpm_momentum(15, 0.2, 150) == pytest.approx(0.45)
+    assert hpm_momentum(40, 0.2, 150) == 1.0
+    # code: previous selections only, int(Q T), clipped to [0, 0.9]
+    assert hpm_momentum(1, 0.2, 150, schedule="code") == 0.0
+    assert hpm_momentum(16, 0.2, 150, schedule="code") == pytest.approx(0.45)
+    assert hpm_momentum(40, 0.2, 150, schedule="code") == 0.9
+
+
+def test_hpm_update_is_the_moving_average():
+    old = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
+    new = {"w": torch.tensor([5.0, -2.0]), "n": torch.tensor(7)}
+    out = hpm_update(old, new, 0.25)
+    assert torch.allclose(out["w"], 0.75 * new["w"] + 0.25 * old["w"])
+    assert out["n"].item() == 7
+
+
+def test_personalize_folds_the_fine_tuned_model_into_the_hpm(tiny):
+    sim = Simulation(
+        tiny(algorithm={"name": "fedphp"}, train={"rounds": 10, "client_fraction": 0.5})
+    )
+    ctx, p = sim.ctx, sim.algo.params
+    model = ctx.model(ctx.arch(0))
+    set_weights(model, sim.server["weights"])
+    state, _ = personalize(ctx, model, 0, {}, p)  # first selection: HPM := fine-tuned model
+    assert state["selected"] == 1
+    assert all(torch.equal(state["hpm"][k], v) for k, v in get_weights(model).items())
+    old = {k: v + 0.1 for k, v in state["hpm"].items()}
+    state, _ = personalize(ctx, model, 0, {"hpm": old, "selected": 1}, p)
+    mu = 0.9 * 2 / (0.5 * 10)
+    for k, v in get_weights(model).items():
+        assert torch.allclose(state["hpm"][k], (1 - mu) * v + mu * old[k], atol=1e-6)
+
+
+def test_kd_loss_matches_hand_computation():
+    s = torch.tensor([[1.0, 2.0, 0.5]])
+    t = torch.tensor([[0.2, 3.0, -1.0]])
+    tau = 4.0
+    ps = np.exp(s.numpy()[0] / tau) / np.exp(s.numpy()[0] / tau).sum()
+    pt = np.exp(t.numpy()[0] / tau) / np.exp(t.numpy()[0] / tau).sum()
+    kl = float((pt * np.log(pt / ps)).sum())
+    assert kd_loss(s, t, tau).item() == pytest.approx(tau**2 * kl, rel=1e-5)
+    ce = -float((pt * np.log(np.exp(s.numpy()[0]) / np.exp(s.numpy()[0]).sum())).sum())
+    assert kd_loss(s, t, tau, form="code").item() == pytest.approx(ce, rel=1e-5)
+
+
+def test_mmd_matches_the_kernel_formula():
+    torch.manual_seed(0)
+    h, hp = torch.randn(4, 3), torch.randn(4, 3) + 1.0
+    assert mmd_loss(h, h).item() == pytest.approx(0.0, abs=1e-6)
+    z = torch.cat([h, hp]).numpy()
+    d2 = ((z[:, None] - z[None]) ** 2).sum(-1)
+    base = d2.sum() / (64 - 8) / 4
+    k = sum(np.exp(-d2 / (base * 2**i)) for i in range(5))
+    expect = k[:4, :4].mean() + k[4:, 4:].mean() - 2 * k[:4, 4:].mean()
+    assert mmd_loss(h, hp).item() == pytest.approx(expect, rel=1e-4)
+
+
+# -- MAP ---------------------------------------------------------------------------------------------
+def incomplete(tiny, **algo):
+    return tiny(
+        algorithm={"name": "map", **algo},
+        data={"num_clients": 6, "partition": {"name": "incomplete", "min_classes": 2}},
+        train={"rounds": 4, "local_epochs": 2, "client_fraction": 0.5},
+        eval={"selected_clients": True},
+    )
+
+
+def test_map_stage_lengths(tiny):
+    sim = Simulation(incomplete(tiny))
+    n = len(sim.ctx.client(0).train_y)
+    total = 2 * math.ceil(n / 16)
+    assert sim.algo.stage_steps(0) == (total - total // 2, total // 2)  # paper: E/2 + E/2
+    sim = Simulation(incomplete(tiny, stage_b_fraction=0.1, stage_b_lr_scale=0.2))
+    assert sim.algo.stage_steps(0) == (total, max(int(0.1 * total), 5))  # authors' code
+
+
+def test_map_uploads_the_stage_a_rs_model_and_keeps_stage_b_private(tiny):
+    sim = Simulation(incomplete(tiny, alpha=0.0))
+    ctx, algo = sim.ctx, sim.algo
+    payload = {"weights": sim.server["weights"]}
+    seed_torch(9)
+    up = algo.client_update(1, payload, {}, 1, "train")
+    # stage A alone, same seed: RS loss for steps_A steps
+    model = ctx.model(ctx.arch(1), slot="check")
+    set_weights(model, sim.server["weights"])
+    seed_torch(9)
+    y = ctx.client(1).train_y
+    ctx.train(
+        model, 1, loss_fn=rs_loss(rs_scale(class_counts(y, 10), 0.0)), steps=algo.stage_steps(1)[0]
+    )
+    for k, v in get_weights(model).items():
+        assert torch.equal(up.upload["weights"][k], v)
+    # the HPM (stage B result) differs from the upload and is the personalized model
+    hpm = up.state["hpm"]
+    assert any(not torch.equal(hpm[k], up.upload["weights"][k]) for k in hpm)
+    assert algo.personal_weights(sim.server, 1, up.state) is hpm
+
+
+def test_map_trains_on_incomplete_classes(tiny, tmp_path):
+    res = run_experiment(incomplete(tiny), out=tmp_path / "map")
+    final = res.summary["final"]
+    assert final["pers_acc_mean"] > 0.5 and final["global_acc"] > 0.3  # chance: 0.1
+    assert "pers_acc_selected" in final
+    res_mmd = run_experiment(incomplete(tiny, lam=0.1, kt="mmd"), out=tmp_path / "mmd")
+    assert res_mmd.summary["final"]["pers_acc_mean"] > 0.5
+
+
+@pytest.mark.parametrize("name", ["fedrs", "fedphp"])
+def test_fedrs_and_fedphp_train(tiny, tmp_path, name):
+    cfg = incomplete(tiny).model_copy(update={"algorithm": {"name": name}})
+    res = run_experiment(cfg, out=tmp_path / name)
+    assert res.summary["final"]["pers_acc_mean"] > 0.5
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"alpha": 1.5}, "map.alpha"),
+        ({"alpha": -0.1}, "map.alpha"),
+        ({"lam": 1.2}, "map.lam"),
+        ({"lam": -0.5}, "map.lam"),
+        ({"kt": "cosine"}, "map.kt"),
+        ({"tau": 0}, "map.tau"),
+    ],
+)
+def test_bad_map_parameters(params, message):
+    with pytest.raises(PflkitError, match=message):
+        parse_params({"name": "map", **params})
+
+
+def test_scamap_stage_a_is_scaffold_on_the_rs_loss(tiny, tmp_path):
+    from pflkit.algorithms.scaffold import scaffold_local_steps
+
+    sim = Simulation(incomplete(tiny).model_copy(update={"algorithm": {"name": "scamap"}}))
+    ctx, algo = sim.ctx, sim.algo
+    payload = algo.configure(sim.server, 2, 1, "train")
+    payload["control"] = {k: torch.full_like(v, 0.01) for k, v in payload["control"].items()}
+    seed_torch(5)
+    up = algo.client_update(2, payload, {}, 1, "train")
+    seed_torch(5)
+    y = ctx.client(2).train_y
+    ref = scaffold_local_steps(
+        ctx, 2, payload["weights"], payload["control"], None,
+        loss_fn=rs_loss(rs_scale(class_counts(y, 10), 0.9)), steps=algo.stage_steps(2)[0],
+    )  # fmt: skip
+    for k in ref.delta_y:
+        assert torch.equal(up.upload["delta_y"][k], ref.delta_y[k])
+    assert all(torch.equal(up.state["control"][k], ref.control[k]) for k in ref.control)
+    assert "hpm" in up.state
+    res = run_experiment(
+        incomplete(tiny).model_copy(update={"algorithm": {"name": "scamap"}}), out=tmp_path / "s"
+    )
+    assert res.summary["final"]["pers_acc_mean"] > 0.5

@@ -1,0 +1,337 @@
+"""SCAFFOLD / ScaRS and Ditto / DittoRS: defining math and end-to-end behaviour."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pflkit.algorithms.base import nbytes, parse_params, train_from
+from pflkit.algorithms.ditto import Ditto, smooth_l1_proximal_loss
+from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.fedprox import proximal_loss
+from pflkit.algorithms.scaffold import (
+    Scaffold,
+    scaffold_local_steps,
+    scaffold_server_update,
+    zero_control,
+)
+from pflkit.algorithms.training import cross_entropy, get_weights, set_weights
+from pflkit.engine import Simulation, run_experiment
+from pflkit.engine.simulation import seed_torch
+from pflkit.errors import PflkitError
+
+PATHOLOGICAL = {"partition": {"name": "pathological", "classes_per_client": 3}}
+
+
+def _randn_like(ws, scale=1.0):
+    return {k: scale * torch.randn_like(v) for k, v in ws.items()}
+
+
+def _quadratic(a):
+    """0.5 * ||w - a||^2 over the parameters, ignoring the data: gradient w - a."""
+
+    def loss_fn(model, x, y):
+        return sum(0.5 * (p - a[k]).pow(2).sum() for k, p in model.named_parameters())
+
+    return loss_fn
+
+
+def _missing_classes(sim, cid):
+    y = sim.ctx.client(cid).train_y
+    return sorted(set(range(sim.ctx.data.num_classes)) - set(y.tolist()))
+
+
+# -- SCAFFOLD: client step -----------------------------------------------------------------------
+def test_scaffold_client_step_matches_option_ii_on_a_quadratic(tiny):
+    sim = Simulation(tiny(algorithm={"name": "scaffold"}))
+    ctx = sim.ctx
+    torch.manual_seed(0)
+    x = sim.server["weights"]
+    params = zero_control(ctx)
+    a, c, ci = (_randn_like(params) for _ in range(3))
+    lr = 0.05
+    step = scaffold_local_steps(ctx, 0, x, c, ci, loss_fn=_quadratic(a), lr=lr)
+    n = len(ctx.client(0).train_y)
+    k_steps = math.ceil(n / ctx.cfg.train.batch_size)  # one epoch
+    assert k_steps > 3
+    for k in params:  # K steps of y <- y - lr (g(y) + c - c_i) with g(y) = y - a, by hand
+        y = x[k].clone()
+        for _ in range(k_steps):
+            y = y - lr * ((y - a[k]) + c[k] - ci[k])
+        new_ci = ci[k] - c[k] + (x[k] - y) / (k_steps * lr)
+        assert torch.allclose(step.weights[k], y, atol=1e-5)
+        assert torch.allclose(step.delta_y[k], y - x[k], atol=1e-5)
+        assert torch.allclose(step.control[k], new_ci, atol=1e-4)
+        assert torch.allclose(step.delta_c[k], new_ci - ci[k], atol=1e-4)
+    assert step.control.keys() == step.delta_c.keys() == params.keys()  # parameters only
+    # the reported loss is the task loss alone (the correction term is not in it)
+    assert step.loss > 0
+
+
+def test_scaffold_with_zero_controls_is_fedavg_step_without_momentum(tiny):
+    sim = Simulation(tiny(algorithm={"name": "scaffold"}, train={"momentum": 0.9}))
+    ctx, x = sim.ctx, sim.server["weights"]
+    zero = zero_control(ctx)
+    seed_torch(0, 1, 0, 0)
+    step = scaffold_local_steps(ctx, 0, x, zero, None)
+    seed_torch(0, 1, 0, 0)
+    plain, loss = train_from(ctx, 0, x, momentum=0.0)  # FedAvg's client step, no momentum
+    for k in x:
+        assert torch.equal(step.weights[k], plain[k])
+    assert step.loss == pytest.approx(loss)
+    seed_torch(0, 1, 0, 0)
+    with_momentum, _ = train_from(ctx, 0, x)  # the config's momentum is not used
+    assert any(not torch.equal(step.weights[k], with_momentum[k]) for k in x)
+
+
+def test_scaffold_correction_moves_an_unused_row_by_exactly_k_lr_c_minus_ci(tiny):
+    """ScaRS with alpha = 0: a missing class's head row gets no gradient from the RS loss, so it
+    moves only by the correction: -K lr (c - c_i). Plain SCAFFOLD (softmax) moves it."""
+    cfg = tiny(algorithm={"name": "scars", "alpha": 0.0}, data=PATHOLOGICAL)
+    sim = Simulation(cfg)
+    algo, ctx, x = sim.algo, sim.ctx, sim.server["weights"]
+    cid = 0
+    missing = _missing_classes(sim, cid)
+    assert missing
+    zero = zero_control(ctx)
+    payload = {"weights": x, "control": zero}
+    up = algo.client_update(cid, payload, {}, 1, "train").upload
+    for key in ("head.weight", "head.bias"):
+        assert torch.equal(up["delta_y"][key][missing], torch.zeros_like(x[key][missing]))
+        assert up["delta_y"][key].abs().sum() > 0  # observed classes do learn
+    plain = Scaffold(ctx, Scaffold.Params()).client_update(cid, payload, {}, 1, "train").upload
+    assert plain["delta_y"]["head.weight"][missing].abs().sum() > 0
+
+    torch.manual_seed(1)
+    c, ci = _randn_like(zero), _randn_like(zero)
+    state = {"control": ci}
+    update = algo.client_update(cid, {"weights": x, "control": c}, state, 1, "train")
+    k_steps = math.ceil(len(ctx.client(cid).train_y) / cfg.train.batch_size)
+    lr = cfg.train.lr
+    for key in ("head.weight", "head.bias"):
+        expect = -k_steps * lr * (c[key] - ci[key])[missing]
+        assert torch.allclose(update.upload["delta_y"][key][missing], expect, atol=1e-5)
+    # the new client control is c_i - c + (x - y) / (K lr), kept as private state
+    new_ci = update.state["control"]
+    for k in zero:
+        expect = ci[k] - c[k] - update.upload["delta_y"][k] / (k_steps * lr)
+        assert torch.allclose(new_ci[k], expect, atol=1e-4)
+    # ScaRS scores the global model by default, like FedRS; MAP's protocol and
+    # personal="local" score the client's model after local training, y = x + delta y
+    assert algo.personal_weights(sim.server, cid, update.state) is None
+    algo.params.personal = "local"
+    update = algo.client_update(cid, {"weights": x, "control": c}, state, 1, "train")
+    pw = algo.personal_weights(sim.server, cid, update.state)
+    assert all(torch.allclose(pw[k], x[k] + update.upload["delta_y"][k]) for k in x)
+
+
+# -- SCAFFOLD: server step -----------------------------------------------------------------------
+def _fake_uploads(n_clients=3):
+    torch.manual_seed(2)
+    ups = {}
+    for i in range(n_clients):
+        ups[i] = {
+            "delta_y": {
+                "w": torch.randn(3, 2),
+                "bn.running_mean": torch.randn(2),
+                "bn.num_batches_tracked": torch.tensor(i + 1),
+            },
+            "delta_c": {"w": torch.randn(3, 2)},
+            "num_samples": 10 * (i + 1),
+        }
+    server = {
+        "weights": {
+            "w": torch.randn(3, 2),
+            "bn.running_mean": torch.randn(2),
+            "bn.num_batches_tracked": torch.tensor(5),
+        },
+        "control": {"w": torch.randn(3, 2)},
+        "other": 7,
+    }
+    return server, ups
+
+
+@pytest.mark.parametrize("control_scale", ["paper", "code"])
+def test_scaffold_server_update(control_scale):
+    server, ups = _fake_uploads()
+    n_total, eta_g = 10, 0.5
+    new = scaffold_server_update(server, ups, eta_g, n_total, control_scale=control_scale)
+    mean = {k: sum(u["delta_y"][k] for u in ups.values()) / 3 for k in ("w", "bn.running_mean")}
+    mean_dc = sum(u["delta_c"]["w"] for u in ups.values()) / 3
+    x = server["weights"]
+    assert torch.allclose(new["weights"]["w"], x["w"] + eta_g * mean["w"])
+    # buffers are not scaled by eta_g: x + mean(delta) = FedAvg's mean of the client buffers
+    assert torch.allclose(
+        new["weights"]["bn.running_mean"], x["bn.running_mean"] + mean["bn.running_mean"]
+    )
+    assert new["weights"]["bn.num_batches_tracked"].item() == 6  # integer: first client's
+    scale = 3 / n_total if control_scale == "paper" else 1.0
+    assert torch.allclose(new["control"]["w"], server["control"]["w"] + scale * mean_dc)
+    assert new["other"] == 7
+    # sample weighting applies to the model deltas, never to the controls
+    new_s = scaffold_server_update(
+        server, ups, eta_g, n_total, control_scale=control_scale, weighting="samples"
+    )
+    wmean = sum(u["delta_y"]["w"] * u["num_samples"] for u in ups.values()) / 60
+    assert torch.allclose(new_s["weights"]["w"], x["w"] + eta_g * wmean)
+    assert torch.allclose(new_s["control"]["w"], new["control"]["w"])
+
+
+def test_scaffold_aggregate_uses_its_parameters(tiny):
+    sim = Simulation(tiny(algorithm={"name": "scaffold", "eta_g": 0.5, "control_scale": "code"}))
+    server, ups = _fake_uploads()
+    got = sim.algo.aggregate(server, ups, 1, "train")
+    expect = scaffold_server_update(server, ups, 0.5, 4, control_scale="code")
+    for part in ("weights", "control"):
+        for k, v in expect[part].items():
+            assert torch.equal(got[part][k], v)
+
+
+@pytest.mark.parametrize("control_scale", ["paper", "code"])
+def test_server_control_is_mean_of_client_controls_only_with_paper_scale(tiny, control_scale):
+    """With the paper's |S|/N factor, c = (1/N) sum_i c_i holds under partial participation."""
+    cfg = tiny(
+        algorithm={"name": "scaffold", "control_scale": control_scale},
+        train={"client_fraction": 0.5, "rounds": 3},
+        eval={"every": 100},
+    )
+    sim = Simulation(cfg)
+    for rnd in (1, 2):
+        sim.run_round(rnd)
+    n = sim.ctx.data.num_clients
+    c = sim.server["control"]
+    zero = zero_control(sim.ctx)
+    mean_ci = {
+        k: sum(sim.clients.get(i, {}).get("control", zero)[k] for i in range(n)) / n for k in c
+    }
+    close = all(torch.allclose(c[k], mean_ci[k], atol=1e-6) for k in c)
+    assert close == (control_scale == "paper")
+    assert any(v.abs().sum() > 0 for v in c.values())
+
+
+# -- Ditto ---------------------------------------------------------------------------------------
+def test_ditto_personal_loss_gradient_adds_lam_times_v_minus_w(tiny):
+    sim = Simulation(tiny(algorithm={"name": "ditto", "lam": 0.3}))
+    model = sim.ctx.model()
+    torch.manual_seed(3)
+    w = sim.server["weights"]
+    v = {k: t + 0.1 * torch.randn_like(t) for k, t in w.items()}
+    set_weights(model, v)
+    x, y = sim.ctx.client(0).train_x[:16], sim.ctx.client(0).train_y[:16]
+    loss = sim.algo.personal_loss(w)(model, x, y)
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    cross_entropy(model, x, y).backward()
+    for k, p in model.named_parameters():
+        assert torch.allclose(grads[k] - p.grad, 0.3 * (v[k] - w[k]), atol=1e-6)
+    # the MAP code's variant: lam * mean over tensors of the mean smooth-L1(v, w)
+    lam = 0.3
+    got = smooth_l1_proximal_loss(w, lam)(model, x, y)
+    terms = [F.smooth_l1_loss(p, w[k]) for k, p in model.named_parameters()]
+    assert torch.allclose(got, cross_entropy(model, x, y) + lam * sum(terms) / len(terms))
+
+
+def test_ditto_upload_is_fedavg_client_update_and_personal_model_persists(tiny):
+    cfg = tiny(algorithm={"name": "ditto", "lam": 0.5, "personal_epochs": 2}, eval={"every": 9})
+    sim = Simulation(cfg)
+    algo, ctx, w = sim.algo, sim.ctx, sim.server["weights"]
+    fedavg = FedAvg(ctx, FedAvg.Params())
+    seed_torch(0, 1, 0, 0)
+    ref = fedavg.client_update(0, {"weights": w}, {}, 1, "train").upload
+    torch.manual_seed(4)
+    v0 = {k: t + 0.1 * torch.randn_like(t) for k, t in w.items()}
+    seed_torch(0, 1, 0, 0)
+    update = algo.client_update(0, {"weights": w}, {"personal": v0}, 1, "train")
+    assert update.upload.keys() == {"weights", "num_samples"}
+    for k in w:  # the global branch is exactly FedAvg's client update
+        assert torch.equal(update.upload["weights"][k], ref["weights"][k])
+    # the personal branch continues from the stored v (not from w) on CE + lam/2 ||v - w||^2
+    seed_torch(0, 1, 0, 0)
+    train_from(ctx, 0, w)  # the global branch's draws
+    expect, _ = train_from(ctx, 0, v0, epochs=2, loss_fn=proximal_loss(w, 0.5))
+    v1 = update.state["personal"]
+    for k in w:
+        assert torch.equal(v1[k], expect[k])
+    assert algo.personal_weights(sim.server, 0, update.state) is v1
+    # a first participation starts the personal model from the downloaded global model
+    seed_torch(0, 1, 0, 0)
+    fresh = algo.client_update(0, {"weights": w}, {}, 1, "train").state["personal"]
+    assert any(not torch.equal(fresh[k], v1[k]) for k in w)
+
+    # across rounds in the engine: the personal model lives in client state and is scored
+    sim.run_round(1)
+    p1 = {c: s["personal"] for c, s in sim.clients.items()}
+    sim.run_round(2)
+    for cid, s in sim.clients.items():
+        assert algo.personal_weights(sim.server, cid, s) is s["personal"]
+        assert any(not torch.equal(s["personal"][k], p1[cid][k]) for k in w)
+        assert any(not torch.equal(s["personal"][k], sim.server["weights"][k]) for k in w)
+
+
+def test_ditto_aggregate_is_uniform_mean_by_default(tiny):
+    sim = Simulation(tiny(algorithm={"name": "ditto"}))
+    ups = {
+        i: {"weights": {"w": torch.full((2,), float(i))}, "num_samples": 1 + 9 * i}
+        for i in range(2)
+    }
+    assert torch.equal(
+        sim.algo.aggregate({}, ups, 1, "train")["weights"]["w"], torch.full((2,), 0.5)
+    )
+    weighted = Ditto(sim.ctx, Ditto.Params(weighting="samples"))
+    assert torch.allclose(
+        weighted.aggregate({}, ups, 1, "train")["weights"]["w"], torch.full((2,), 10 / 11)
+    )
+
+
+def test_dittors_global_branch_uses_rs_and_personal_branch_plain_ce(tiny):
+    algo_cfg = {"name": "dittors", "alpha": 0.0, "rs_mode": "hard"}
+    sim = Simulation(tiny(algorithm=algo_cfg, data=PATHOLOGICAL))
+    missing = _missing_classes(sim, 0)
+    w = sim.server["weights"]
+    update = sim.algo.client_update(0, {"weights": w}, {}, 1, "train")
+    up, v = update.upload["weights"], update.state["personal"]
+    for key in ("head.weight", "head.bias"):
+        assert torch.equal(up[key][missing], w[key][missing])  # RS, alpha = 0: no gradient
+        assert not torch.equal(v[key][missing], w[key][missing])  # plain CE pushes them
+    assert parse_params({"name": "dittors"})[1].rs_mode == "soft"  # the MAP code's DittoRS
+
+
+# -- end to end ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["scaffold", "scars", "ditto", "dittors"])
+def test_trains_end_to_end(tiny, tmp_path, name):
+    # also MAP's protocol (selected clients, right after local training)
+    cfg = tiny(algorithm={"name": name}, eval={"selected_clients": True})
+    res = run_experiment(cfg, out=tmp_path / name)
+    final = res.summary["final"]
+    assert final["pers_acc_mean"] > 0.5  # 10 classes: chance is 0.1
+    assert final["global_acc"] > 0.5
+    assert res.rows[-1]["pers_acc_selected"] > 0.5
+    assert len(res.rows) == 3
+    if name == "scaffold":  # downloads x and c, uploads delta y, delta c and n_i
+        fedavg_payload = nbytes({"weights": get_weights(Simulation(tiny()).ctx.model())})
+        assert all(r["bytes_down"] == [2 * fedavg_payload] * 4 for r in res.rows)
+        assert all(r["bytes_up"] == [2 * fedavg_payload + 8] * 4 for r in res.rows)
+
+
+# -- bad input -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "cfg, key",
+    [
+        ({"name": "scars", "alpha": 1.5}, "scars.alpha"),
+        ({"name": "scars", "alpha": -0.1}, "scars.alpha"),
+        ({"name": "dittors", "alpha": 2}, "dittors.alpha"),
+        ({"name": "scaffold", "eta_g": 0}, "scaffold.eta_g"),
+        ({"name": "scars", "eta_g": -1}, "scars.eta_g"),
+        ({"name": "ditto", "lam": -0.1}, "ditto.lam"),
+        ({"name": "dittors", "lam": -1}, "dittors.lam"),
+        ({"name": "scaffold", "control_scale": "papr"}, "scaffold.control_scale"),
+        ({"name": "ditto", "prox": "l1"}, "ditto.prox"),
+    ],
+)
+def test_bad_parameters(cfg, key):
+    with pytest.raises(PflkitError, match=key.replace(".", r"\.")):
+        parse_params(cfg)
