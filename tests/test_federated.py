@@ -96,3 +96,18 @@ def test_public_set_with_other_class_count_is_refused(monkeypatch):
                  "partition": {"name": "iid"}, "public": {"dataset": "mnist5k", "size": 100}}
             )
         )  # fmt: skip
+
+
+def test_public_set_with_other_class_count_can_be_allowed(monkeypatch):
+    from pflkit.data import federated, sources
+
+    real = sources.load_source
+
+    def fake(name, *a, **kw):
+        src = real(name, *a, **kw)
+        return sources.Source(**{**src.__dict__, "num_classes": 26}) if name == "mnist5k" else src
+
+    monkeypatch.setattr(federated, "load_source", fake)
+    cfg = {"dataset": "fashion_mnist", "subset": 500, "num_clients": 2, "partition": {"name": "iid"},
+           "public": {"dataset": "mnist5k", "size": 100, "allow_other_classes": True}}  # fmt: skip
+    assert build_federated(DataConfig.model_validate(cfg)).public_x.shape[0] == 100

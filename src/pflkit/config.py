@@ -27,6 +27,9 @@ class PublicConfig(_Section):
 
     dataset: str = "mnist5k"
     size: int = Field(3000, gt=0)
+    # The public set's labels are never used, but a class count that differs from the task's
+    # is refused unless allowed explicitly (KT-pFL's CIFAR-100 public set for CIFAR-10).
+    allow_other_classes: bool = False
 
 
 class DataConfig(_Section):

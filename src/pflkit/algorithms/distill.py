@@ -212,19 +212,7 @@ class SoftTeacherKD(Algorithm):
         return self.ctx.train(model, cid, epochs=self.local_epochs(rnd))
 
     def _distill(self, model: nn.Module, x: Tensor, teacher: Tensor) -> float:
-        p, t = self.params, self.ctx.cfg.train
-        return distill(
-            model,
-            x,
-            teacher,
-            epochs=p.distill_epochs,
-            batch_size=p.distill_batch_size,
-            lr=p.distill_lr or t.lr,
-            temperature=p.temperature,
-            kind=p.kd_loss,
-            momentum=t.momentum,
-            weight_decay=t.weight_decay,
-        )
+        return distill_configured(self.ctx, self.params, model, x, teacher)
 
     def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
         model = self.ctx.model(self.ctx.arch(cid))
@@ -298,3 +286,22 @@ def restrict(c: Tensor, active: Tensor) -> Tensor:
     sub = c[active][:, active]
     mass = sub.sum(0, keepdim=True)
     return torch.where(mass > 0, sub / mass.clamp_min(1e-300), 1.0 / len(active))
+
+
+def distill_configured(ctx: Context, p, model: nn.Module, x: Tensor, teacher: Tensor) -> float:
+    """:func:`distill` with an algorithm's distillation parameters (``distill_epochs``,
+    ``distill_batch_size``, ``distill_lr``, ``temperature``, ``kd_loss``) and the config's
+    optimiser settings (learning rate by default, momentum, weight decay)."""
+    t = ctx.cfg.train
+    return distill(
+        model,
+        x,
+        teacher,
+        epochs=p.distill_epochs,
+        batch_size=p.distill_batch_size,
+        lr=p.distill_lr or t.lr,
+        temperature=p.temperature,
+        kind=p.kd_loss,
+        momentum=t.momentum,
+        weight_decay=t.weight_decay,
+    )

@@ -65,7 +65,7 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.distill import (
     SoftTeacherKD,
     cosine_matrix,
-    distill,
+    distill_configured,
     require_public,
 )
 from pflkit.algorithms.training import get_weights, predict, set_weights
@@ -186,7 +186,7 @@ class FedDF(Algorithm):
         return torch.softmax(logits / len(uploads) / self.params.temperature, dim=1).float()
 
     def aggregate(self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str):
-        p, t = self.params, self.ctx.cfg.train
+        p = self.params
         teacher = self.ensemble_teacher(uploads)
         protos = dict(server["protos"])
         for arch in self.archs:
@@ -195,18 +195,7 @@ class FedDF(Algorithm):
                 continue
             model = self.ctx.model(arch, slot="feddf_student")
             set_weights(model, weighted_average(group))
-            distill(
-                model,
-                self.public,
-                teacher,
-                epochs=p.distill_epochs,
-                batch_size=p.distill_batch_size,
-                lr=p.distill_lr or t.lr,
-                temperature=p.temperature,
-                kind=p.kd_loss,
-                momentum=t.momentum,
-                weight_decay=t.weight_decay,
-            )
+            distill_configured(self.ctx, p, model, self.public, teacher)
             protos[arch] = get_weights(model)
         return {**server, "protos": protos}
 

@@ -184,10 +184,11 @@ def _public_set(cfg: DataConfig, root: Path, num_classes: int, shape: tuple, see
     pub = cfg.public
     assert pub is not None
     src = load_source(pub.dataset, root, download=cfg.download)
-    if src.num_classes != num_classes:
+    if src.num_classes != num_classes and not pub.allow_other_classes:
         raise PflkitError(
             f"public set '{pub.dataset}' has {src.num_classes} classes but the task "
-            f"'{cfg.dataset}' has {num_classes}: choose a public set with {num_classes} classes"
+            f"'{cfg.dataset}' has {num_classes}: choose a public set with {num_classes} classes, "
+            f"or set data.public.allow_other_classes: true if its labels are not used"
         )
     if tuple(src.train_x.shape[1:]) != shape:
         raise PflkitError(
