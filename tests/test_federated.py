@@ -77,28 +77,9 @@ def test_public_set_is_drawn_and_checked():
         )  # fmt: skip
 
 
-def test_public_set_with_other_class_count_is_refused(monkeypatch):
-    from pflkit.data import federated, sources
-
-    real = sources.load_source
-
-    def fake(name, *a, **kw):
-        src = real(name, *a, **kw)
-        if name == "mnist5k":
-            src = sources.Source(**{**src.__dict__, "num_classes": 26})
-        return src
-
-    monkeypatch.setattr(federated, "load_source", fake)
-    with pytest.raises(PflkitError, match="has 26 classes but the task"):
-        build_federated(
-            DataConfig.model_validate(
-                {"dataset": "fashion_mnist", "subset": 500, "num_clients": 2,
-                 "partition": {"name": "iid"}, "public": {"dataset": "mnist5k", "size": 100}}
-            )
-        )  # fmt: skip
-
-
-def test_public_set_with_other_class_count_can_be_allowed(monkeypatch):
+@pytest.fixture
+def mnist5k_with_26_classes(monkeypatch):
+    """Make the public source report 26 classes (the task, Fashion-MNIST, has 10)."""
     from pflkit.data import federated, sources
 
     real = sources.load_source
@@ -108,6 +89,16 @@ def test_public_set_with_other_class_count_can_be_allowed(monkeypatch):
         return sources.Source(**{**src.__dict__, "num_classes": 26}) if name == "mnist5k" else src
 
     monkeypatch.setattr(federated, "load_source", fake)
-    cfg = {"dataset": "fashion_mnist", "subset": 500, "num_clients": 2, "partition": {"name": "iid"},
-           "public": {"dataset": "mnist5k", "size": 100, "allow_other_classes": True}}  # fmt: skip
-    assert build_federated(DataConfig.model_validate(cfg)).public_x.shape[0] == 100
+
+
+def public_cfg(**public) -> DataConfig:
+    return DataConfig.model_validate(
+        {"dataset": "fashion_mnist", "subset": 500, "num_clients": 2, "partition": {"name": "iid"},
+         "public": {"dataset": "mnist5k", "size": 100, **public}}
+    )  # fmt: skip
+
+
+def test_public_set_with_other_class_count_is_refused_unless_allowed(mnist5k_with_26_classes):
+    with pytest.raises(PflkitError, match="has 26 classes but the task"):
+        build_federated(public_cfg())
+    assert build_federated(public_cfg(allow_other_classes=True)).public_x.shape[0] == 100
