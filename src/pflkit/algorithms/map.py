@@ -41,7 +41,7 @@ from pflkit.algorithms.base import Payload, State, Update, register
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.hpm import HPMParams, personalize
 from pflkit.algorithms.rs import RSParams, client_rs_loss
-from pflkit.algorithms.scaffold import ControlScale, Scaffold, scaffold_local_steps
+from pflkit.algorithms.scaffold import ControlScale, Scaffold
 from pflkit.algorithms.training import get_weights, set_weights, steps_per_epoch
 
 
@@ -105,18 +105,12 @@ class ScaMAP(MAP):
     configure = Scaffold.configure
     aggregate = Scaffold.aggregate
 
+    corrected_steps = Scaffold.corrected_steps
+
+    def local_loss(self, cid: int):
+        return client_rs_loss(self.ctx.client(cid).train_y, self.ctx.data.num_classes, self.params)
+
     def stage_a(self, model, cid: int, payload: Payload, state: State, steps: int):
-        p = self.params
-        step = scaffold_local_steps(
-            self.ctx,
-            cid,
-            payload["weights"],
-            payload["control"],
-            state.get("control"),
-            loss_fn=client_rs_loss(self.ctx.client(cid).train_y, self.ctx.data.num_classes, p),
-            steps=steps,
-            weight_decay=None if p.local_weight_decay else 0.0,
-        )  # leaves y in ``model`` (the client's slot-0 model), where stage B continues
-        n = len(self.ctx.client(cid).train_y)
-        upload = {"delta_y": step.delta_y, "delta_c": step.delta_c, "num_samples": n}
+        # leaves y in ``model`` (the client's slot-0 model), where stage B continues
+        step, upload = self.corrected_steps(cid, payload, state, steps)
         return upload, {**state, "control": step.control}, step.loss

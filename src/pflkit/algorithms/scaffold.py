@@ -239,7 +239,11 @@ class Scaffold(Algorithm):
         """The task loss of the local steps (ScaRS: restricted softmax)."""
         return cross_entropy
 
-    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
+    def corrected_steps(
+        self, cid: int, payload: Payload, state: State, steps: int | None = None
+    ) -> tuple[ScaffoldStep, Upload]:
+        """The client's SCAFFOLD steps on ``local_loss`` and the upload they produce (also
+        ScaMAP's stage A)."""
         step = scaffold_local_steps(
             self.ctx,
             cid,
@@ -247,13 +251,17 @@ class Scaffold(Algorithm):
             payload["control"],
             state.get("control"),
             loss_fn=self.local_loss(cid),
+            steps=steps,
             weight_decay=None if self.params.local_weight_decay else 0.0,
         )
+        n = len(self.ctx.client(cid).train_y)
+        return step, {"delta_y": step.delta_y, "delta_c": step.delta_c, "num_samples": n}
+
+    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
+        step, upload = self.corrected_steps(cid, payload, state)
         new_state = {**state, "control": step.control}
         if self.keeps_local_model:
             new_state["weights"] = step.weights
-        n = len(self.ctx.client(cid).train_y)
-        upload = {"delta_y": step.delta_y, "delta_c": step.delta_c, "num_samples": n}
         return Update(upload, new_state, {"train_loss": step.loss})
 
     def aggregate(self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str):
