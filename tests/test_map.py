@@ -234,3 +234,21 @@ def test_scamap_stage_a_is_scaffold_on_the_rs_loss(tiny, tmp_path):
         incomplete(tiny).model_copy(update={"algorithm": {"name": "scamap"}}), out=tmp_path / "s"
     )
     assert res.summary["final"]["pers_acc_mean"] > 0.5
+
+
+def test_scamap_defaults_to_the_code_stage_split_and_stage_b_never_reaches_the_server(tiny):
+    cfg = incomplete(tiny)
+    sim = Simulation(cfg.model_copy(update={"algorithm": {"name": "scamap"}}))
+    total = cfg.train.local_epochs * -(-len(sim.ctx.client(0).train_y) // cfg.train.batch_size)
+    assert sim.algo.stage_steps(0) == (total, max(int(0.2 * total), 5))
+    assert sim.algo.params.stage_b_lr_scale == 0.5
+    servers = []
+    for lr_scale in (0.5, 2.0):  # stage B at another lr: the same global model and controls
+        algo = {"name": "scamap", "stage_b_lr_scale": lr_scale}
+        s = Simulation(cfg.model_copy(update={"algorithm": algo}))
+        s.run_round(1)
+        s.run_round(2)
+        servers.append(s.server)
+    for part in ("weights", "control"):
+        for k, v in servers[0][part].items():
+            assert torch.equal(v, servers[1][part][k])

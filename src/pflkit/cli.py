@@ -1,4 +1,4 @@
-"""The ``pflkit`` command line: run, compare, partition, list.
+"""The ``pflkit`` command line: run, compare, partition, list, flower.
 
 User mistakes (:class:`~pflkit.errors.PflkitError`) print one sentence and exit with code 2.
 """
@@ -152,6 +152,155 @@ def list_() -> None:
         width = max(map(len, items))
         for name in sorted(items):
             out_console.print(f"  {name:<{width}}  {items[name]}", highlight=False)
+
+
+# -- Flower --------------------------------------------------------------------------------------
+
+flower = typer.Typer(
+    no_args_is_help=True,
+    help="Run pflkit on Flower: a local try-out, or a real SuperLink (needs pflkit[flower]).",
+)
+app.add_typer(flower, name="flower")
+
+
+def _show_row(row: dict) -> None:
+    parts = [f"round {row['round']}"]
+    for key in ("global_acc", "pers_acc_mean", "pers_acc_selected"):
+        if key in row:
+            parts.append(f"{key} {100 * row[key]:.2f}%")
+    if row.get("failed_clients"):
+        parts.append(f"failed clients {row['failed_clients']}")
+    out_console.print(", ".join(parts))
+
+
+def _show_summary(run_dir: Path) -> None:
+    import json
+
+    final = json.loads((run_dir / "summary.json").read_text()).get("final", {})
+    shown = ", ".join(f"{k} {100 * v:.2f}%" for k, v in final.items() if k != "round")
+    out_console.print(f"run folder: {run_dir}\nlast round ({final.get('round')}): {shown}")
+
+
+@flower.command("local")
+def flower_local(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    out: OutOpt = None,
+    nodes: Annotated[
+        int, typer.Option(help="SuperNodes to start; clients are split among them.")
+    ] = 3,
+    tls: Annotated[bool, typer.Option(help="TLS with a fresh self-signed CA.")] = False,
+    auth: Annotated[bool, typer.Option(help="SuperNode authentication (implies --tls).")] = False,
+    workdir: Annotated[
+        Path | None, typer.Option(help="Keep Flower's logs, certificates and keys here.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
+) -> None:
+    """Try-out on this machine: start a SuperLink and SuperNodes on 127.0.0.1, run CONFIG on
+    them through Flower, write the run folder, stop every process."""
+    import shutil
+    import tempfile
+
+    from pflkit.engine.runner import new_run_dir
+    from pflkit.engine.simulation import Simulation
+    from pflkit.flower import require_flower
+
+    require_flower()
+    from pflkit.flower.local import Federation, split_clients
+
+    cfg = load_config(config, set_ or [])
+    run_dir = new_run_dir(cfg, out).resolve()
+    spec = split_clients(cfg.data.num_clients, nodes)
+    Simulation(cfg)  # every config, data and model error now, before a process starts
+    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pflkit-flower-"))
+    with Federation(spec, work, tls=tls, auth=auth) as fed:
+        security = "TLS + SuperNode auth" if fed.auth else "TLS" if fed.tls else "insecure"
+        out_console.print(
+            f"SuperLink 127.0.0.1:{fed.port} ({security}), SuperNodes hosting clients "
+            f"{', '.join(spec)}; Flower logs in {work}"
+        )
+        fed.run(cfg.to_yaml(), run_dir, timeout=timeout, progress=_show_row)
+    if workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    _show_summary(run_dir)
+
+
+@flower.command("run")
+def flower_run(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Run folder, on the SuperLink's machine.")
+    ] = Path("runs/flower"),
+    superlink: Annotated[str, typer.Option(help="The SuperLink's address, host:port.")] = "",
+    root_certificates: Annotated[
+        Path | None, typer.Option(help="CA certificate of a TLS SuperLink.")
+    ] = None,
+    insecure: Annotated[bool, typer.Option(help="Connect without TLS.")] = False,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 86400.0,
+) -> None:
+    """Submit CONFIG to a running SuperLink whose SuperNodes host its clients (see
+    docs/flower.md); waits for the run to finish."""
+    import tempfile
+
+    from pflkit.flower import require_flower
+
+    require_flower()
+    from pflkit.flower.local import Connection
+
+    if ":" not in superlink:
+        raise PflkitError(
+            f"--superlink '{superlink}' is not host:port: e.g. --superlink 10.0.0.5:9093"
+        )
+    if insecure == (root_certificates is not None):
+        raise PflkitError("give exactly one of --root-certificates CA.pem (TLS) and --insecure")
+    if root_certificates is not None and not root_certificates.is_file():
+        raise PflkitError(
+            f"--root-certificates '{root_certificates}' does not exist: check the path"
+        )
+    cfg = load_config(config, set_ or [])
+    home = Path(tempfile.mkdtemp(prefix="pflkit-flwr-")) / "flwr-home"
+    Connection(superlink, home, root_certificates).run(
+        cfg.to_yaml(), out, timeout=timeout, echo=True
+    )
+    out_console.print(f"run completed; run folder on the SuperLink's machine: {out}")
+
+
+@flower.command("app")
+def flower_app(
+    directory: Annotated[Path, typer.Argument(help="Folder for the Flower app project.")],
+) -> None:
+    """Write a Flower app project (pyproject.toml) whose ServerApp and ClientApp are pflkit's."""
+    from pflkit.flower.local import write_app
+
+    out_console.print(f"wrote {write_app(directory) / 'pyproject.toml'}")
+
+
+@flower.command("certs")
+def flower_certs(
+    directory: Annotated[Path, typer.Argument(help="Folder for ca.pem, server.pem, server.key.")],
+    host: Annotated[
+        list[str] | None,
+        typer.Option(help="Name or IP the SuperNodes use for the SuperLink (repeatable)."),
+    ] = None,
+) -> None:
+    """Make a CA and a SuperLink TLS certificate (self-signed; fine for a private federation)."""
+    from pflkit.flower.local import make_certificates
+
+    paths = make_certificates(directory, host or ["localhost", "127.0.0.1"])
+    out_console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+@flower.command("node-key")
+def flower_node_key(
+    directory: Annotated[Path, typer.Argument(help="Folder for the key pair.")],
+    name: Annotated[str, typer.Argument(help="File name of the private key.")] = "supernode",
+) -> None:
+    """Make a SuperNode authentication key pair (register the .pub with flwr supernode register)."""
+    from pflkit.flower.local import make_node_key
+
+    private, public = make_node_key(directory, name)
+    out_console.print(f"wrote {private} and {public}")
 
 
 def main() -> None:

@@ -78,6 +78,8 @@ class TrainConfig(_Section):
     lr: float = Field(0.005, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
+    # clip each local step's gradient to this L2 norm (off by default; the MAP code uses 100)
+    grad_clip: float | None = Field(None, gt=0)
 
 
 class EvalConfig(_Section):
@@ -125,6 +127,10 @@ class ExperimentConfig(_Section):
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML (what a run folder's config.yaml holds)."""
+        return yaml.safe_dump(self.dump(), sort_keys=False)
 
 
 def _describe(err: ValidationError) -> str:

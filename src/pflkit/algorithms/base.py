@@ -16,9 +16,10 @@ One round, as the engine runs it (``engine/simulation.py``)::
 
 Evaluation asks ``global_weights(server)`` (the server's model, or None) and
 ``personal_weights(server, cid, state)`` (a client's personalized model, or None for "the
-global model"). Per-client private state (a personal model, a control variate, an HPM) starts
-as ``client_init(cid)`` and lives with the client; per-client *server* state lives in the
-server dict.
+global model"); on a Flower SuperNode, where the client's state lives, ``server`` is the view
+``eval_payload(server, cid)``. Per-client private state (a personal model, a control variate,
+an HPM) starts as ``client_init(cid)`` and lives with the client; per-client *server* state
+lives in the server dict.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class Context:
             lr=t.lr,
             momentum=t.momentum,
             weight_decay=t.weight_decay,
+            grad_clip=t.grad_clip,
         )
         kwargs.update(overrides)
         c = self.client(cid)
@@ -169,6 +171,13 @@ class Algorithm:
     def personal_weights(self, server: State, cid: int, state: State) -> Weights | None:
         """Client ``cid``'s personalized model; ``None`` means the global model."""
         return None
+
+    def eval_payload(self, server: State, cid: int) -> Payload:
+        """What a client needs from the server to evaluate its personalized model where its
+        state lives (a Flower SuperNode): a view of ``server`` that ``personal_weights``,
+        ``global_weights`` and ``trained_weights`` accept for this client. Default: the whole
+        server state; override when it holds large per-client entries."""
+        return server
 
     def trained_weights(self, server: State, cid: int, upload: Upload, state: State) -> Weights:
         """Client ``cid``'s model right after its local training in this round, for MAP's

@@ -42,8 +42,8 @@ Deviations and options:
 - The proximal term covers parameters, not buffers (BatchNorm statistics of v are its own).
 - The global branch runs first, so its batch order (and the upload) is exactly FedAvg's client
   step for the same seed; the personal branch then draws its own batch order.
-- Not reproduced from the MAP code (neither is in the paper): its 5-round lr warm-up and
-  gradient clipping at norm 100.
+- The MAP code's gradient clipping at norm 100 (not in the paper) is ``train.grad_clip: 100``;
+  its 5-round lr warm-up is not reproduced.
 """
 
 from __future__ import annotations

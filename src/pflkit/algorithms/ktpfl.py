@@ -325,6 +325,13 @@ class KTpFLHomo(Algorithm):
     def global_weights(self, server: State):
         return None
 
+    def eval_payload(self, server: State, cid: int) -> Payload:
+        personal = server["personal"]
+        return {
+            "weights": server["weights"],
+            "personal": {cid: personal[cid]} if cid in personal else {},
+        }
+
     def personal_weights(self, server: State, cid: int, state: State):
         if "weights" in state:
             return state["weights"]

@@ -21,11 +21,10 @@ Server (lines 16-17), over the selected clients S of N::
     x <- x + eta_g * mean_S(Delta y)
     c <- c + (|S| / N) * mean_S(Delta c)                 (control_scale="paper")
 
-How the correction is applied: the local loss gets the linear term sum_p <c_p - c_i,p, p>,
-whose gradient is exactly c - c_i, and the shared :func:`local_sgd` loop runs with momentum 0.
-So a step is y <- y - eta_l (g(y) + c - c_i [+ wd * y]) with the same batch order as FedAvg's
-client step (with c = c_i = 0 it *is* FedAvg's step without momentum); the reported training
-loss is the task loss alone, without the linear term.
+How the correction is applied: the shared :func:`local_sgd` loop runs with momentum 0 and adds
+c - c_i to each parameter's gradient (``grad_shift``, after ``train.grad_clip`` if set, as the
+MAP code clips g alone). So a step is y <- y - eta_l (g(y) + c - c_i [+ wd * y]) with the same
+batch order as FedAvg's client step (with c = c_i = 0 it *is* FedAvg's step without momentum).
 
 ScaRS: the same, with g_i the gradient of the restricted-softmax loss (MAP Eq. 8, :mod:`rs`):
 per-class logit scale 1 for observed classes, alpha for missing ones (``rs_mode="hard"``, the
@@ -59,8 +58,8 @@ Deviations and options:
   ``personal="local"`` and for MAP's selected-clients evaluation (``eval.selected_clients``).
 - Only option II of the control update is implemented (option I needs an extra pass over the
   local data at x).
-- Not reproduced from the MAP code (none is in the paper): its 5-round lr warm-up, gradient
-  clipping at norm 100, eta_g applied to BatchNorm buffers too, and its count-of-proportion
+- ``train.grad_clip: 100`` reproduces the MAP code's gradient clipping (not in the paper).
+  Not reproduced from the MAP code (none is in the paper): its 5-round lr warm-up, eta_g applied to BatchNorm buffers too, and its count-of-proportion
   RS mask (a bug, specs/map.md §8.9).
 """
 
@@ -157,15 +156,7 @@ def scaffold_local_steps(
     if c_local is None:
         c_local = {k: torch.zeros_like(p) for k, p in params.items()}
     correction = [(p, (c_global[k] - c_local[k]).detach()) for k, p in params.items()]
-    task_loss = torch.zeros((), device=ctx.device)
-
-    def corrected_loss(m, x, y):
-        loss = loss_fn(m, x, y)
-        task_loss.add_(loss.detach())
-        # gradient of sum <c - c_i, p> is exactly c - c_i
-        return loss + sum(torch.sum(p * d) for p, d in correction)
-
-    ctx.train(
+    loss = ctx.train(
         model,
         cid,
         steps=steps,
@@ -173,7 +164,8 @@ def scaffold_local_steps(
         lr=lr,
         momentum=0.0,
         weight_decay=weight_decay,
-        loss_fn=corrected_loss,
+        loss_fn=loss_fn,
+        grad_shift=correction,
     )
     y = get_weights(model)
     delta_y = {k: y[k] - global_weights[k] for k in y}
@@ -183,7 +175,6 @@ def scaffold_local_steps(
         # c_i+ - c_i = -c + (x - y) / (K lr)
         delta_c = {k: -delta_y[k] / (steps * lr) - c_global[k] for k in c_local}
     new_c = {k: c_local[k] + delta_c[k] for k in c_local}
-    loss = float(task_loss) / max(steps, 1)
     return ScaffoldStep(y, new_c, delta_y, delta_c, loss)
 
 

@@ -56,6 +56,8 @@ def local_sgd(
     loss_fn: LossFn = cross_entropy,
     params: Iterable[Tensor] | None = None,
     steps: int | None = None,
+    grad_clip: float | None = None,
+    grad_shift: Iterable[tuple[Tensor, Tensor]] = (),
 ) -> float:
     """Train ``model`` in place with mini-batch SGD; return the mean training loss.
 
@@ -64,10 +66,15 @@ def local_sgd(
     ``steps``, when given, replaces ``epochs``: exactly that many mini-batch steps, cycling
     through fresh permutations (MAP's stage lengths are counted in steps).
     ``params`` restricts which tensors are optimised (default: all parameters).
+    ``grad_clip`` clips each step's gradient to that global L2 norm (``train.grad_clip``);
+    ``grad_shift`` pairs (parameter, d) add a constant d to that parameter's gradient after
+    clipping (SCAFFOLD's drift correction c - c_i).
     """
     model.train()
+    params = list(model.parameters() if params is None else params)
+    grad_shift = list(grad_shift)
     opt = torch.optim.SGD(
-        model.parameters() if params is None else params,
+        params,
         lr=lr,
         momentum=momentum,
         weight_decay=weight_decay,
@@ -86,6 +93,10 @@ def local_sgd(
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, x[idx], y[idx])
             loss.backward()
+            if grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            for p, d in grad_shift:
+                p.grad.add_(d)
             opt.step()
             total += loss.detach()
             done += 1

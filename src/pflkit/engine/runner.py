@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, validate
 from pflkit.data.federated import FederatedDataset
@@ -45,6 +44,17 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.name)
     return Path(cfg.output.dir) / f"{slug}-{cfg.algorithm['name']}-s{cfg.seed}-{stamp}"
+
+
+def new_run_dir(cfg: ExperimentConfig, out: str | Path | None) -> Path:
+    """The folder a new run writes (``out`` or a dated default); refused if not empty."""
+    run_dir = Path(out) if out is not None else default_run_dir(cfg)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise PflkitError(
+            f"run folder '{run_dir}' already exists and is not empty: choose another --out, "
+            f"or continue it with --resume {run_dir}"
+        )
+    return run_dir
 
 
 def resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
@@ -112,20 +122,20 @@ def run_experiment(
     overrides: list[str] | None = None,
     data: FederatedDataset | None = None,
     progress: bool | None = None,
+    engine: Callable[[ExperimentConfig], Simulation] | None = None,
 ) -> RunResult:
-    """Run ``cfg`` into a new run folder, or continue the run in ``resume``."""
+    """Run ``cfg`` into a new run folder, or continue the run in ``resume``. ``engine`` builds
+    the round loop (default: the embedded :class:`Simulation`; :mod:`pflkit.flower` passes
+    its Flower one)."""
     if resume is not None:
         run_dir = Path(resume)
         cfg = resume_config(run_dir, overrides or [])
     else:
         assert cfg is not None, "give a config or a run folder to resume"
-        run_dir = Path(out) if out is not None else default_run_dir(cfg)
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise PflkitError(
-                f"run folder '{run_dir}' already exists and is not empty: choose another --out, "
-                f"or continue it with --resume {run_dir}"
-            )
-    sim = Simulation(cfg, data)  # validates and builds everything before we write anything
+        run_dir = new_run_dir(cfg, out)
+    sim = (
+        engine(cfg) if engine else Simulation(cfg, data)
+    )  # validates and builds everything before we write anything
 
     rows: list[dict[str, Any]] = []
     metrics_path = run_dir / "metrics.jsonl"
@@ -137,7 +147,7 @@ def run_experiment(
             else []
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     show = cfg.output.progress if progress is None else progress

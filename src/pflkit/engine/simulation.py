@@ -10,6 +10,10 @@ Per round ``r`` (1-based):
 3. evaluate on the schedule (``eval.every`` and always the last round);
 4. append one line to ``metrics.jsonl``; checkpoint every ``output.checkpoint_every`` rounds.
 
+The client side of steps 2 and 3 (``train_clients``, ``personal_accuracies``,
+``selected_accuracies``) is what :mod:`pflkit.flower` overrides to run on SuperNodes; a client
+whose work fails there is listed in ``failed_clients`` and left out of that round's aggregate.
+
 Because every random draw is seeded from (seed, round, phase, client), a run resumed from a
 checkpoint continues exactly as the uninterrupted run would have.
 """
@@ -25,11 +29,16 @@ import numpy as np
 import torch
 
 from pflkit.algorithms import Context, build_algorithm
-from pflkit.algorithms.base import State, nbytes, parse_params
+from pflkit.algorithms.base import Payload, State, Upload, nbytes, parse_params
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
-from pflkit.eval import evaluate_round, evaluate_selected
+from pflkit.eval import (
+    global_metrics,
+    personal_accuracies,
+    personal_metrics,
+    selected_accuracy,
+)
 
 Progress = Callable[[int, dict[str, Any]], None]
 
@@ -92,44 +101,96 @@ class Simulation:
         down = dict.fromkeys(selected, 0)
         up = dict.fromkeys(selected, 0)
         losses: list[float] = []
+        failed: list[int] = []
+        uploads: dict[int, Upload] = {}
         for p, phase in enumerate(algo.phases(rnd)):
-            uploads = {}
-            for cid in selected:
-                payload = algo.configure(self.server, cid, rnd, phase)
+            payloads = {
+                cid: algo.configure(self.server, cid, rnd, phase)
+                for cid in selected
+                if cid not in failed
+            }
+            for cid, payload in payloads.items():
                 down[cid] += nbytes(payload)
-                state = self.client_state(cid)
-                seed_torch(cfg.seed, rnd, p, cid)
-                upload, self.clients[cid], metrics = algo.client_update(
-                    cid, payload, state, rnd, phase
-                )
+            results = self.train_clients(rnd, p, phase, payloads)
+            failed += [cid for cid in payloads if cid not in results]
+            uploads = {cid: upload for cid, (upload, _) in results.items()}
+            for cid, (upload, metrics) in results.items():
                 up[cid] += nbytes(upload)
-                uploads[cid] = upload
                 if "train_loss" in metrics:
                     losses.append(metrics["train_loss"])
-            seed_torch(cfg.seed, rnd, p, 0xA6)
-            self.server = algo.aggregate(self.server, uploads, rnd, phase)
+            if uploads:  # nothing to aggregate when every client of the round failed
+                seed_torch(cfg.seed, rnd, p, 0xA6)
+                self.server = algo.aggregate(self.server, uploads, rnd, phase)
         t1 = time.perf_counter()
         row: dict[str, Any] = {"round": rnd, "clients": selected}
+        if failed:
+            row["failed_clients"] = failed
         if losses:
             row["train_loss"] = float(np.mean(losses))
         row["bytes_down"] = [down[c] for c in selected]
         row["bytes_up"] = [up[c] for c in selected]
         if rnd % cfg.eval.every == 0 or rnd == cfg.train.rounds:
-            seed_torch(cfg.seed, rnd, 0xE7)
-            row.update(
-                evaluate_round(
-                    algo, self.server, self.client_state, cfg.eval.batch_size, cfg.eval.global_model
-                )
-            )
-            if cfg.eval.selected_clients:
-                row.update(
-                    evaluate_selected(
-                        algo, self.server, uploads, self.client_state, cfg.eval.batch_size
-                    )
-                )
+            if cfg.eval.global_model:
+                row.update(global_metrics(algo, self.server, cfg.eval.batch_size))
+            acc = self.personal_accuracies(rnd)
+            counts = np.array([len(c.test_y) for c in self.data.clients], dtype=float)
+            row.update(personal_metrics(acc, self.data.num_clients, counts))
+            if cfg.eval.selected_clients and uploads:
+                sel = self.selected_accuracies(rnd, uploads)
+                row["pers_acc_selected"] = float(np.mean(list(sel.values())))
+            missing = sorted(set(range(self.data.num_clients)) - set(acc))
+            if missing:
+                row["eval_failed_clients"] = missing
         t2 = time.perf_counter()
         # the only non-deterministic fields of a metrics row start with "seconds_"
         row["seconds_train"] = t1 - t0
         row["seconds_eval"] = t2 - t1
         self.round = rnd
         return row
+
+    # -- client work: the embedded engine runs it here; pflkit.flower sends it to SuperNodes -------
+    def train_clients(
+        self, rnd: int, p: int, phase: str, payloads: dict[int, Payload]
+    ) -> dict[int, tuple[Upload, dict[str, float]]]:
+        """Run ``client_update`` for each client of ``payloads``; return (upload, metrics) per
+        client (a client missing from the result failed)."""
+        out = {}
+        for cid, payload in payloads.items():
+            state = self.client_state(cid)
+            seed_torch(self.cfg.seed, rnd, p, cid)
+            upload, self.clients[cid], metrics = self.algo.client_update(
+                cid, payload, state, rnd, phase
+            )
+            out[cid] = (upload, metrics)
+        return out
+
+    def personal_accuracies(self, rnd: int) -> dict[int, float]:
+        """Every client's personalized accuracy (torch seeded per client, see :func:`seed_eval`)."""
+        return personal_accuracies(
+            self.algo,
+            self.server,
+            self.client_state,
+            self.cfg.eval.batch_size,
+            lambda cid: seed_eval(self.cfg.seed, rnd, cid),
+        )
+
+    def selected_accuracies(self, rnd: int, uploads: dict[int, Upload]) -> dict[int, float]:
+        """MAP's protocol: each selected client's model right after its local training."""
+        out = {}
+        for cid, upload in uploads.items():
+            seed_eval(self.cfg.seed, rnd, cid, selected=True)
+            out[cid] = selected_accuracy(
+                self.algo,
+                self.server,
+                cid,
+                upload,
+                self.client_state(cid),
+                self.cfg.eval.batch_size,
+            )
+        return out
+
+
+def seed_eval(seed: int, rnd: int, cid: int, selected: bool = False) -> None:
+    """Seed torch before a client's evaluation (its personalized model may be trained first,
+    e.g. FedAvg-FT's fine-tuning), the same way in every engine."""
+    seed_torch(seed, rnd, 0xE5 if selected else 0xE7, cid)

@@ -1,0 +1,58 @@
+"""The Flower app components, as a Flower app's pyproject names them::
+
+    [tool.flwr.app.components]
+    serverapp = "pflkit.flower.apps:serverapp"
+    clientapp = "pflkit.flower.apps:clientapp"
+
+Run config keys (``[tool.flwr.app.config]``, or ``flwr run --run-config``):
+
+- ``config``: the pflkit experiment config, as YAML text (``pflkit flower`` fills it in);
+- ``out``: the run folder to write, on the SuperLink's machine;
+- ``node-wait``: seconds to wait for SuperNodes covering every client (default 60);
+- ``round-timeout``: seconds to wait for a round's replies before counting a client as
+  failed (0: no limit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import yaml
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from pflkit.config import validate
+from pflkit.engine.runner import run_experiment
+from pflkit.errors import PflkitError
+from pflkit.flower.client import app as clientapp
+from pflkit.flower.server import FlowerSimulation
+
+log = logging.getLogger("pflkit.flower")
+serverapp = ServerApp()
+
+
+@serverapp.main()
+def main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    try:
+        cfg = validate(yaml.safe_load(str(rc["config"])))
+        timeout = float(rc.get("round-timeout", 0)) or None
+
+        def engine(c):
+            return FlowerSimulation(
+                c,
+                grid,
+                node_wait=float(rc.get("node-wait", 60)),
+                round_timeout=timeout,
+                log=log.warning,
+            )
+
+        result = run_experiment(cfg, out=str(rc["out"]), progress=False, engine=engine)
+    except PflkitError as e:
+        log.error("error: %s", e)
+        raise SystemExit(2) from None
+    log.warning("pflkit: run folder %s: %s", result.run_dir, json.dumps(result.summary))
+
+
+__all__ = ["clientapp", "serverapp"]

@@ -1,0 +1,192 @@
+"""The ServerApp: pflkit's round loop, with the client work sent to SuperNodes.
+
+:class:`FlowerSimulation` is the embedded :class:`~pflkit.engine.simulation.Simulation` whose
+client side (training, evaluation) goes out as Flower messages, so sampling, seeding,
+aggregation, evaluation and the run folder are the embedded engine's own code, and a Flower
+run reproduces the embedded run of the same config and seed.
+
+- **Node discovery.** The server asks every connected SuperNode which clients it hosts
+  (``query``) until every client of the config has a node, or ``node-wait`` seconds pass.
+  The map client -> node follows each node's own config, so it is stable across rounds.
+- **Failures.** A message that comes back with an error, or not within ``round-timeout``
+  seconds, fails its client: the client is left out of that round's aggregate and listed in
+  ``failed_clients`` (with the reason in ``failures``); its node is not asked again. Other
+  clients keep their state, which lives on their own nodes.
+- **Not resumable.** Client state lives on the SuperNodes, so a Flower run writes no
+  checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flwr.app import Message, RecordDict
+
+from pflkit.algorithms.base import Payload, Upload
+from pflkit.config import ExperimentConfig
+from pflkit.engine.simulation import Simulation
+from pflkit.errors import PflkitError
+from pflkit.flower import codec
+from pflkit.flower.client import INFO, info_record
+
+
+class FlowerSimulation(Simulation):
+    """The round loop of :class:`Simulation` with clients on Flower SuperNodes."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        grid: Any,
+        *,
+        node_wait: float = 60.0,
+        round_timeout: float | None = None,
+        log=print,
+    ):
+        super().__init__(cfg)
+        self.grid = grid
+        self.round_timeout = round_timeout
+        self.log = log
+        self.config_text = cfg.to_yaml()
+        self.node_of: dict[int, int] = {}
+        self.dead: set[int] = set()
+        self.failures: list[dict[str, Any]] = []
+        self.state_rounds: dict[int, int] = {}
+        self.discover(node_wait)
+
+    # -- nodes -----------------------------------------------------------------------------
+    def discover(self, wait: float) -> None:
+        """Map every client to the SuperNode that hosts it."""
+        n = self.data.num_clients
+        asked: set[int] = set()
+        deadline = time.monotonic() + wait
+        while True:
+            new = [nid for nid in self.grid.get_node_ids() if nid not in asked]
+            asked.update(new)
+            messages = [self._message("query", nid, RecordDict()) for nid in new]
+            remaining = max(deadline - time.monotonic(), 30.0)  # a node answers a query at once
+            for i, reply in self._exchange(messages, timeout=remaining).items():
+                if reply is None or reply.has_error():
+                    continue
+                for cid in codec.get(reply.content, "clients"):
+                    if 0 <= cid < n:
+                        self.node_of.setdefault(cid, new[i])
+            missing = [c for c in range(n) if c not in self.node_of]
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                raise PflkitError(
+                    f"no SuperNode hosts client(s) {short(missing)} of the {n} in the config "
+                    f"after {wait:.0f} s: start SuperNodes with --node-config "
+                    "\"client-ids='...'\" covering 0-" + str(n - 1)
+                )
+            time.sleep(1.0)
+        nodes = sorted(set(self.node_of.values()))
+        self.log(f"pflkit: {n} clients on {len(nodes)} SuperNodes")
+
+    def _message(self, kind: str, node_id: int, content: RecordDict) -> Message:
+        return Message(content=content, dst_node_id=node_id, message_type=kind)
+
+    def _exchange(
+        self, messages: list[Message], timeout: float | None
+    ) -> dict[int, Message | None]:
+        """Push ``messages`` and collect their replies: reply (or None: none in time) by the
+        message's position. Polls quickly (Flower's send_and_receive sleeps 3 s per poll)."""
+        ids = list(self.grid.push_messages(messages)) if messages else []
+        pending = {mid: i for i, mid in enumerate(ids) if mid}
+        replies: dict[int, Message | None] = dict.fromkeys(range(len(ids)))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.02
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                i = pending.pop(reply.metadata.reply_to_message_id, None)
+                if i is not None:
+                    replies[i] = reply
+            if not pending or (deadline is not None and time.monotonic() > deadline):
+                break
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
+        return replies
+
+    def _send(
+        self, kind: str, rnd: int, jobs: dict[int, dict[str, Any]], **info: Any
+    ) -> dict[int, RecordDict]:
+        """Send one ``kind`` message per client of ``jobs`` (values: what to put in it) and
+        return the replies' content per client; failed clients are recorded and left out."""
+        cids, messages = [], []
+        for cid, values in jobs.items():
+            node = self.node_of[cid]
+            if node in self.dead:
+                self._fail(rnd, cid, kind, "its SuperNode failed earlier")
+                continue
+            content = RecordDict({INFO: info_record(self.config_text, cid=cid, round=rnd, **info)})
+            for name, value in values.items():
+                codec.put(content, name, value)
+            cids.append(cid)
+            messages.append(self._message(kind, node, content))
+        out: dict[int, RecordDict] = {}
+        for i, reply in self._exchange(messages, self.round_timeout).items():
+            cid = cids[i]
+            if reply is not None and not reply.has_error():
+                out[cid] = reply.content
+                continue
+            self.dead.add(self.node_of[cid])
+            reason = (
+                f"no reply within {self.round_timeout} s"
+                if reply is None
+                else f"error {reply.error.code}: {reply.error.reason}"
+            )
+            self._fail(rnd, cid, kind, reason)
+        return out
+
+    def _fail(self, rnd: int, cid: int, kind: str, reason: str) -> None:
+        self.failures.append(
+            {"client": cid, "node": self.node_of[cid], "step": kind, "reason": reason}
+        )
+        self.log(f"pflkit: round {rnd}: client {cid} failed ({kind}): {reason}")
+
+    # -- the client side of the round loop -------------------------------------------------------
+    def train_clients(self, rnd: int, p: int, phase: str, payloads: dict[int, Payload]):
+        replies = self._send(
+            "train",
+            rnd,
+            {c: {"payload": pl} for c, pl in payloads.items()},
+            phase_index=p,
+            phase=phase,
+        )
+        out = {}
+        for cid, content in replies.items():
+            out[cid] = (codec.get(content, "upload"), codec.get(content, "metrics"))
+            self.state_rounds[cid] = codec.get(content, "state_rounds")
+        return out
+
+    def personal_accuracies(self, rnd: int) -> dict[int, float]:
+        jobs = {
+            c: {"view": self.algo.eval_payload(self.server, c)}
+            for c in range(self.data.num_clients)
+        }
+        replies = self._send("evaluate", rnd, jobs, mode="personal")
+        return {cid: codec.get(content, "accuracy") for cid, content in replies.items()}
+
+    def selected_accuracies(self, rnd: int, uploads: dict[int, Upload]) -> dict[int, float]:
+        jobs = {c: {"view": self.algo.eval_payload(self.server, c)} for c in uploads}
+        replies = self._send("evaluate", rnd, jobs, mode="selected")
+        return {cid: codec.get(content, "accuracy") for cid, content in replies.items()}
+
+    def run_round(self, rnd: int) -> dict[str, Any]:
+        row = super().run_round(rnd)
+        shown = [f"{k} {row[k]:.4f}" for k in ("global_acc", "pers_acc_mean") if k in row]
+        self.log(f"pflkit: round {rnd}/{self.cfg.train.rounds} " + " ".join(shown))
+        if self.failures:
+            row["failures"], self.failures = self.failures, []
+        # Flower only: how many rounds each trained client's state on its node has seen
+        row["node_state_rounds"] = {str(c): n for c, n in sorted(self.state_rounds.items())}
+        self.state_rounds = {}
+        return row
+
+    def save(self, path) -> None:  # client state lives on the nodes: nothing to resume from
+        pass
+
+
+def short(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:8])) + (" ..." if len(ids) > 8 else "")

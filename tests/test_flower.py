@@ -1,0 +1,201 @@
+"""pflkit on Flower, in process: the ServerApp's round loop and the ClientApp's handlers talk
+through a fake Grid that delivers each message to the node's handler at once (the real
+SuperLink/SuperNode path is tests/test_flower_e2e.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flwr.app import Context, Message, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from conftest import tiny_config  # noqa: E402
+from pflkit.config import validate  # noqa: E402
+from pflkit.engine.runner import run_experiment  # noqa: E402
+from pflkit.errors import PflkitError  # noqa: E402
+from pflkit.flower import client as client_app  # noqa: E402
+from pflkit.flower.client import hosted_clients  # noqa: E402
+from pflkit.flower.codec import decode, encode, get, put  # noqa: E402
+from pflkit.flower.server import FlowerSimulation  # noqa: E402
+
+HANDLERS = {"query": client_app.query, "train": client_app.train, "evaluate": client_app.evaluate}
+
+
+class FakeGrid:
+    """Delivers each pushed message to its node's ClientApp handler; a node in ``dead`` (or
+    killed by ``kill_at``) answers nothing, as a killed SuperNode does."""
+
+    def __init__(self, node_configs: dict[int, dict], kill_at=None):
+        self.contexts = {
+            nid: Context(run_id=1, node_id=nid, node_config=nc, state=RecordDict(), run_config={})
+            for nid, nc in node_configs.items()
+        }
+        self.dead: set[int] = set()
+        self.kill_at = kill_at  # (node, message type, round): the node dies on that message
+        self.replies: dict[str, Message] = {}
+
+    def get_node_ids(self):
+        return [n for n in self.contexts if n not in self.dead]
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = msg.object_id
+            ids.append(msg.metadata.message_id)
+            node = msg.metadata.dst_node_id
+            if self.kill_at and msg.metadata.message_type != "query":
+                n, kind, rnd = self.kill_at
+                if (
+                    node == n
+                    and msg.metadata.message_type == kind
+                    and msg.content["pflkit"]["round"] == rnd
+                ):
+                    self.dead.add(node)
+            if node not in self.dead:
+                reply = HANDLERS[msg.metadata.message_type](msg, self.contexts[node])
+                self.replies[msg.metadata.message_id] = reply
+        return ids
+
+    def pull_messages(self, ids):
+        return [self.replies.pop(i) for i in list(ids) if i in self.replies]
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def flower_run(cfg, tmp_path, nodes, name="flower", **kw):
+    grid = kw.pop("grid", None) or FakeGrid(nodes)
+    engine = lambda c: FlowerSimulation(c, grid, node_wait=0, round_timeout=1.0, log=lambda s: None)  # noqa: E731
+    return run_experiment(cfg, out=tmp_path / name, engine=engine), grid
+
+
+def comparable(row: dict) -> dict:
+    flower_only = ("failures", "node_state_rounds")
+    return {k: v for k, v in row.items() if not k.startswith("seconds_") and k not in flower_only}
+
+
+def assert_rows_close(a: dict, b: dict) -> None:
+    a, b = comparable(a), comparable(b)
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], float):
+            assert math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-9), k
+        elif k == "pers_acc_clients":
+            assert a[k] == pytest.approx(b[k], rel=1e-6), k
+        else:
+            assert a[k] == b[k], k
+
+
+THREE_NODES = {101: {"client-ids": "0"}, 202: {"client-ids": "1,2"}, 303: {"partition-id": 3}}
+
+CASES = {
+    "fedavg": {"algorithm": {"name": "fedavg"}},
+    "map": {"algorithm": {"name": "map"}, "eval": {"selected_clients": True}},
+    "ktpfl": {
+        "algorithm": {"name": "ktpfl"},
+        "data": {"public": {"dataset": "digits", "size": 64}},
+        "model": {"per_client": [{"name": "mlp", "options": {"hidden": [16]}}, "mlp"]},
+    },
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_flower_round_loop_equals_the_embedded_engine(name, tmp_path):
+    raw = tiny_config(**CASES[name])
+    raw["train"]["client_fraction"] = 0.75  # 3 of 4 clients per round: sampling must match
+    cfg = validate(raw)
+    embedded = run_experiment(cfg, out=tmp_path / "embedded")
+    flower, grid = flower_run(cfg, tmp_path, THREE_NODES)
+    assert len(flower.rows) == len(embedded.rows) == 3
+    for a, b in zip(flower.rows, embedded.rows, strict=True):
+        assert_rows_close(a, b)
+    assert (tmp_path / "flower" / "summary.json").exists()
+    assert (tmp_path / "flower" / "curves.png").exists()
+    # each client's state lives on its own node, one entry per client
+    states = {
+        n: sorted(k for k in c.state if k.startswith("state.")) for n, c in grid.contexts.items()
+    }
+    assert states[202] == ["state.1.arrays", "state.1.schema", "state.2.arrays", "state.2.schema"]
+
+
+def test_a_dead_node_fails_its_clients_and_the_others_keep_their_state(tmp_path):
+    cfg = validate(tiny_config(algorithm={"name": "map"}))  # full participation, 3 rounds
+    grid = FakeGrid(THREE_NODES, kill_at=(202, "train", 2))
+    result, _ = flower_run(cfg, tmp_path, THREE_NODES, grid=grid)
+    r1, r2, r3 = result.rows
+    assert "failed_clients" not in r1
+    assert r2["failed_clients"] == [1, 2]
+    assert {f["client"] for f in r2["failures"]} == {1, 2}
+    assert r3["failed_clients"] == [1, 2]
+    assert r3["eval_failed_clients"] == [1, 2]
+    assert r3["pers_acc_clients"][1] is None and r3["pers_acc_clients"][0] is not None
+    # the survivors' states saw every round (MAP's HPM counts them too)
+    assert r3["node_state_rounds"] == {"0": 3, "3": 3}
+    assert get(grid.contexts[303].state, "state.3")["selected"] == 3
+    assert len(r3["bytes_up"]) == 4 and r3["bytes_up"][1] == 0
+
+
+def test_nodes_must_cover_every_client(tmp_path):
+    cfg = validate(tiny_config())
+    with pytest.raises(PflkitError, match=r"no SuperNode hosts client\(s\) 3 of the 4"):
+        flower_run(cfg, tmp_path, {1: {"client-ids": "0-2"}})
+    assert not (tmp_path / "flower").exists()
+
+
+@pytest.mark.parametrize(
+    "spec, ids",
+    [
+        ({"client-ids": "3"}, [3]),
+        ({"client-ids": "0, 4,8"}, [0, 4, 8]),
+        ({"client-ids": "2-4,0"}, [0, 2, 3, 4]),
+        ({"partition-id": 5}, [5]),
+    ],
+)
+def test_hosted_clients(spec, ids):
+    assert hosted_clients(spec) == ids
+
+
+@pytest.mark.parametrize(
+    "spec, match", [({}, "names no clients"), ({"client-ids": "a-b"}, "'a-b'")]
+)
+def test_bad_node_config_is_one_sentence(spec, match):
+    with pytest.raises(PflkitError, match=match):
+        hosted_clients(spec)
+
+
+def test_codec_round_trips_exactly():
+    obj = {
+        "weights": {"w": torch.randn(3, 2), "n": torch.tensor(7), "b": torch.tensor([True, False])},
+        "personal": {3: torch.ones(2, dtype=torch.float64)},
+        "scalars": [1, 0.1, "x", None, True, np.float32(1.5)],
+        "pair": (1, 2),
+        "array": np.arange(4, dtype=np.int16).reshape(2, 2),
+    }
+    records = RecordDict()
+    put(records, "x", obj)
+    back = get(records, "x")
+    assert back["weights"]["w"].equal(obj["weights"]["w"])
+    assert back["weights"]["n"].shape == () and back["weights"]["b"].dtype == torch.bool
+    assert back["personal"][3].dtype == torch.float64 and 3 in back["personal"]
+    assert back["scalars"][:5] == [1, 0.1, "x", None, True]
+    assert back["scalars"][5] == np.float32(1.5) and back["scalars"][5].dtype == np.float32
+    assert back["pair"] == (1, 2) and back["array"].dtype == np.int16
+    assert get(records, "missing", 42) == 42
+
+
+def test_codec_refuses_what_cannot_cross_the_network():
+    with pytest.raises(TypeError, match=r"value\['f'\] is a function"):
+        encode({"f": lambda: 0})
+    with pytest.raises(TypeError, match="dict key"):
+        encode({(1, 2): 0})
+    assert decode(*encode({})) == {}

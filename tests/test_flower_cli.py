@@ -1,0 +1,95 @@
+"""``pflkit flower``: the app project, certificates, keys, bad input, and pflkit without Flower."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from pflkit.flower.local import app_pyproject, split_clients
+from test_cli import cfg_file, pflkit  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_committed_flower_app_is_what_pflkit_writes(tmp_path):
+    assert (REPO / "flower-app" / "pyproject.toml").read_text() == app_pyproject()
+    r = pflkit("flower", "app", "myapp", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "myapp" / "pyproject.toml").read_text()
+    assert 'serverapp = "pflkit.flower.apps:serverapp"' in text
+    assert 'clientapp = "pflkit.flower.apps:clientapp"' in text
+
+
+def test_certificates_chain_to_the_ca_and_name_the_hosts(tmp_path):
+    r = pflkit(
+        "flower", "certs", "certs", "--host", "link.example", "--host", "10.0.0.5", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    ca = x509.load_pem_x509_certificate((tmp_path / "certs" / "ca.pem").read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / "certs" / "server.pem").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["link.example"]
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
+    assert (tmp_path / "certs" / "server.key").stat().st_mode & 0o077 == 0
+
+
+def test_node_key_is_an_openssh_ec_key_pair(tmp_path):
+    from cryptography.hazmat.primitives.serialization import (
+        load_ssh_private_key,
+        load_ssh_public_key,
+    )
+
+    r = pflkit("flower", "node-key", "keys", "node7", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    private = load_ssh_private_key((tmp_path / "keys" / "node7").read_bytes(), None)
+    public = load_ssh_public_key((tmp_path / "keys" / "node7.pub").read_bytes())
+    assert isinstance(private, ec.EllipticCurvePrivateKey)
+    assert private.public_key().public_numbers() == public.public_numbers()
+
+
+def test_split_clients_into_contiguous_ranges():
+    assert split_clients(3, 3) == ["0", "1", "2"]
+    assert split_clients(10, 3) == ["0-2", "3-6", "7-9"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["local", "CFG", "--nodes", "9"],
+            "--nodes 9 must be between 1 and the config's 4 clients",
+        ),
+        (["local", "CFG", "--set", "algorithm.name=fedavgx"], "fedavgx"),
+        (["run", "CFG", "--insecure"], "--superlink '' is not host:port"),
+        (["run", "CFG", "--superlink", "h:1"], "exactly one of --root-certificates"),
+        (
+            ["run", "CFG", "--superlink", "h:1", "--root-certificates", "no.pem"],
+            "'no.pem' does not exist",
+        ),
+    ],
+)
+def test_bad_input_is_one_sentence_and_exit_2(args, message, cfg_file, tmp_path):  # noqa: F811
+    args = [str(cfg_file) if a == "CFG" else a for a in args]
+    r = pflkit("flower", *args, "--out", "out", cwd=tmp_path)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_pflkit_imports_and_explains_when_flower_is_missing(cfg_file, tmp_path):  # noqa: F811
+    code = (
+        "import sys; sys.modules['flwr'] = None\n"  # an import of flwr now fails
+        "import pflkit, pflkit.engine, pflkit.algorithms\n"
+        "from pflkit.cli import main\n"
+        f"sys.argv = ['pflkit', 'flower', 'local', {str(cfg_file)!r}]\n"
+        "main()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "Flower is not installed: pip install 'pflkit[flower]'" in r.stderr
