@@ -36,3 +36,17 @@ def tiny_config(**sections) -> dict:
 @pytest.fixture
 def tiny():
     return lambda **kw: validate(tiny_config(**kw))
+
+
+@pytest.fixture
+def mnist5k_with_26_classes(monkeypatch):
+    """Make the public source mnist5k report 26 classes (the tasks have 10)."""
+    from pflkit.data import federated, sources
+
+    real = sources.load_source
+
+    def fake(name, *a, **kw):
+        src = real(name, *a, **kw)
+        return sources.Source(**{**src.__dict__, "num_classes": 26}) if name == "mnist5k" else src
+
+    monkeypatch.setattr(federated, "load_source", fake)

@@ -77,20 +77,6 @@ def test_public_set_is_drawn_and_checked():
         )  # fmt: skip
 
 
-@pytest.fixture
-def mnist5k_with_26_classes(monkeypatch):
-    """Make the public source report 26 classes (the task, Fashion-MNIST, has 10)."""
-    from pflkit.data import federated, sources
-
-    real = sources.load_source
-
-    def fake(name, *a, **kw):
-        src = real(name, *a, **kw)
-        return sources.Source(**{**src.__dict__, "num_classes": 26}) if name == "mnist5k" else src
-
-    monkeypatch.setattr(federated, "load_source", fake)
-
-
 def public_cfg(**public) -> DataConfig:
     return DataConfig.model_validate(
         {"dataset": "fashion_mnist", "subset": 500, "num_clients": 2, "partition": {"name": "iid"},

@@ -386,18 +386,7 @@ def test_missing_public_set_says_how_to_configure_it(tiny):
             Simulation(tiny(algorithm={"name": name}))
 
 
-def test_public_set_with_other_class_count_is_refused(monkeypatch):
-    from pflkit.data import federated, sources
-
-    real = sources.load_source
-
-    def fake(name, *a, **kw):
-        src = real(name, *a, **kw)
-        if name == "mnist5k":
-            src = sources.Source(**{**src.__dict__, "num_classes": 26})
-        return src
-
-    monkeypatch.setattr(federated, "load_source", fake)
+def test_public_set_with_other_class_count_is_refused(mnist5k_with_26_classes):
     cfg = validate(
         tiny_config(
             data={"dataset": "fashion_mnist", "subset": 400, "num_clients": 2,
