@@ -242,6 +242,7 @@ def test_scamap_defaults_to_the_code_stage_split_and_stage_b_never_reaches_the_s
     total = cfg.train.local_epochs * -(-len(sim.ctx.client(0).train_y) // cfg.train.batch_size)
     assert sim.algo.stage_steps(0) == (total, max(int(0.2 * total), 5))
     assert sim.algo.params.stage_b_lr_scale == 0.5
+    assert sim.algo.params.control_scale == "code"
     servers = []
     for lr_scale in (0.5, 2.0):  # stage B at another lr: the same global model and controls
         algo = {"name": "scamap", "stage_b_lr_scale": lr_scale}

@@ -23,8 +23,10 @@ averaging), ``hpm_bn_recompute: true`` (HPM BatchNorm statistics recomputed on l
 ScaMAP (the authors' "MAP combined with Scaffold", details from their code, §2.5): stage A is
 SCAFFOLD's corrected local steps (option II controls, :mod:`.scaffold`) on the RS loss; the
 client uploads Delta y and Delta c, the server applies SCAFFOLD's update; stage B and the HPM
-are MAP's. Stage lengths default to the authors' code (the paper defines ScaMAP only as "MAP
-combined with Scaffold"): stage A all E epochs, stage B 20% of its steps at 0.5 x lr.
+are MAP's. The paper defines ScaMAP only as "MAP combined with Scaffold", so its defaults are
+the authors' code's: stage A all E epochs, stage B 20% of its steps at 0.5 x lr, and the
+server control update without the |S|/N factor (``control_scale: code``; SCAFFOLD itself keeps
+the SCAFFOLD paper's formula).
 ``stage_b_fraction: null`` gives MAP's E/2 + E/2 split, which on Fashion-MNIST produced loss
 spikes and divergence unless ``train.grad_clip: 100`` (the code's clipping) was set; stage B
 never reaches the global model, so the cause is SCAFFOLD's stage A with half the steps
@@ -106,7 +108,7 @@ class ScaMAP(MAP):
         stage_b_fraction: float | None = Field(0.2, gt=0)
         stage_b_lr_scale: float = Field(0.5, gt=0)
         eta_g: float = Field(1.0, gt=0)  # SCAFFOLD's server learning rate
-        control_scale: ControlScale = "paper"
+        control_scale: ControlScale = "code"  # the code's c += mean(Δc), no |S|/N factor
         local_weight_decay: bool = True
 
     # SCAFFOLD's server side as is: (x, c) state and download, the option-II server update
