@@ -101,6 +101,7 @@ THREE_NODES = {101: {"client-ids": "0"}, 202: {"client-ids": "1,2"}, 303: {"part
 CASES = {
     "fedavg": {"algorithm": {"name": "fedavg"}},
     "map": {"algorithm": {"name": "map"}, "eval": {"selected_clients": True}},
+    "fedavg_ft": {"algorithm": {"name": "fedavg_ft"}},  # trains while it evaluates
     "ktpfl": {
         "algorithm": {"name": "ktpfl"},
         "data": {"public": {"dataset": "digits", "size": 64}},

@@ -178,14 +178,10 @@ class Simulation:
         """MAP's protocol: each selected client's model right after its local training."""
         out = {}
         for cid, upload in uploads.items():
+            state = self.client_state(cid)
             seed_eval(self.cfg.seed, rnd, cid, selected=True)
             out[cid] = selected_accuracy(
-                self.algo,
-                self.server,
-                cid,
-                upload,
-                self.client_state(cid),
-                self.cfg.eval.batch_size,
+                self.algo, self.server, cid, upload, state, self.cfg.eval.batch_size
             )
         return out
 

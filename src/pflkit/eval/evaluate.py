@@ -103,8 +103,9 @@ def personal_accuracies(
     acc: dict[int, float] = {}
     uses_global: list[int] = []
     for cid in range(data.num_clients):
+        state = client_state(cid)
         seed_client(cid)
-        pw = algo.personal_weights(server, cid, client_state(cid))
+        pw = algo.personal_weights(server, cid, state)
         if pw is None:
             uses_global.append(cid)
         else:

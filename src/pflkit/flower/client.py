@@ -136,8 +136,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     view = codec.get(msg.content, "view")
     batch = w.cfg.eval.batch_size
     selected = info["mode"] == "selected"
-    seed_eval(w.cfg.seed, rnd, cid, selected=selected)
     state = w.state(context.state, cid)
+    seed_eval(w.cfg.seed, rnd, cid, selected=selected)
     if selected:
         upload = codec.get(context.state, f"upload.{cid}")
         acc = selected_accuracy(w.algo, view, cid, upload, state, batch)
