@@ -163,6 +163,23 @@ flower = typer.Typer(
 app.add_typer(flower, name="flower")
 
 
+NodeWaitOpt = Annotated[
+    float, typer.Option(help="Seconds to wait for SuperNodes covering every client.")
+]
+RoundTimeoutOpt = Annotated[
+    float,
+    typer.Option(help="Seconds to wait for a round's replies before failing a client (0: none)."),
+]
+
+
+def _waits(node_wait: float, round_timeout: float) -> dict[str, float]:
+    """The run-config keys of the two waits, checked."""
+    for name, value in (("--node-wait", node_wait), ("--round-timeout", round_timeout)):
+        if value < 0:
+            raise PflkitError(f"{name} {value} is negative: give seconds >= 0")
+    return {"node-wait": node_wait, "round-timeout": round_timeout}
+
+
 def _show_row(row: dict) -> None:
     parts = [f"round {row['round']}"]
     for key in ("global_acc", "pers_acc_mean", "pers_acc_selected"):
@@ -195,6 +212,8 @@ def flower_local(
         Path | None, typer.Option(help="Keep Flower's logs, certificates and keys here.")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
+    node_wait: NodeWaitOpt = 60.0,
+    round_timeout: RoundTimeoutOpt = 0.0,
 ) -> None:
     """Try-out on this machine: start a SuperLink and SuperNodes on 127.0.0.1, run CONFIG on
     them through Flower, write the run folder, stop every process."""
@@ -208,6 +227,7 @@ def flower_local(
     require_flower()
     from pflkit.flower.local import Federation, split_clients
 
+    waits = _waits(node_wait, round_timeout)
     cfg = load_config(config, set_ or [])
     run_dir = new_run_dir(cfg, out).resolve()
     spec = split_clients(cfg.data.num_clients, nodes)
@@ -219,7 +239,13 @@ def flower_local(
             f"SuperLink 127.0.0.1:{fed.port} ({security}), SuperNodes hosting clients "
             f"{', '.join(spec)}; Flower logs in {work}"
         )
-        fed.run(cfg.to_yaml(), run_dir, timeout=timeout, progress=_show_row)
+        fed.run(
+            cfg.to_yaml(),
+            run_dir,
+            timeout=timeout,
+            progress=_show_row,
+            **waits,
+        )
     if workdir is None:
         shutil.rmtree(work, ignore_errors=True)
     _show_summary(run_dir)
@@ -238,6 +264,8 @@ def flower_run(
     ] = None,
     insecure: Annotated[bool, typer.Option(help="Connect without TLS.")] = False,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 86400.0,
+    node_wait: NodeWaitOpt = 60.0,
+    round_timeout: RoundTimeoutOpt = 0.0,
 ) -> None:
     """Submit CONFIG to a running SuperLink whose SuperNodes host its clients (see
     docs/flower.md); waits for the run to finish."""
@@ -258,10 +286,15 @@ def flower_run(
         raise PflkitError(
             f"--root-certificates '{root_certificates}' does not exist: check the path"
         )
+    waits = _waits(node_wait, round_timeout)
     cfg = load_config(config, set_ or [])
     home = Path(tempfile.mkdtemp(prefix="pflkit-flwr-")) / "flwr-home"
     Connection(superlink, home, root_certificates).run(
-        cfg.to_yaml(), out, timeout=timeout, echo=True
+        cfg.to_yaml(),
+        out,
+        timeout=timeout,
+        echo=True,
+        **waits,
     )
     out_console.print(f"run completed; run folder on the SuperLink's machine: {out}")
 
