@@ -59,8 +59,9 @@ Deviations and options:
 - Only option II of the control update is implemented (option I needs an extra pass over the
   local data at x).
 - ``train.grad_clip: 100`` reproduces the MAP code's gradient clipping (not in the paper).
-  Not reproduced from the MAP code (none is in the paper): its 5-round lr warm-up, eta_g applied to BatchNorm buffers too, and its count-of-proportion
-  RS mask (a bug, specs/map.md §8.9).
+  Not reproduced from the MAP code (none is in the paper): its 5-round lr warm-up, eta_g
+  applied to BatchNorm buffers too, and its count-of-proportion RS mask (a bug, specs/map.md
+  §8.9).
 """
 
 from __future__ import annotations

@@ -133,9 +133,8 @@ def run_experiment(
     else:
         assert cfg is not None, "give a config or a run folder to resume"
         run_dir = new_run_dir(cfg, out)
-    sim = (
-        engine(cfg) if engine else Simulation(cfg, data)
-    )  # validates and builds everything before we write anything
+    # validates and builds everything before anything is written
+    sim = engine(cfg) if engine else Simulation(cfg, data)
 
     rows: list[dict[str, Any]] = []
     metrics_path = run_dir / "metrics.jsonl"
