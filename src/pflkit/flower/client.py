@@ -92,15 +92,14 @@ class Worker:
         return state
 
 
-def _info(msg: Message) -> dict[str, Any]:
-    return dict(msg.content[INFO])
+def _open(msg: Message) -> tuple[dict[str, Any], Worker]:
+    """The message's ``pflkit`` record and the worker for its config."""
+    info = dict(msg.content[INFO])
+    return info, Worker.get(str(info["config"]))
 
 
 def _reply(msg: Message, **values: Any) -> Message:
-    content = RecordDict()
-    for name, value in values.items():
-        codec.put(content, name, value)
-    return Message(content=content, reply_to=msg)
+    return Message(content=codec.put_all(RecordDict(), values), reply_to=msg)
 
 
 app = ClientApp()
@@ -113,8 +112,7 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    info = _info(msg)
-    w = Worker.get(str(info["config"]))
+    info, w = _open(msg)
     cid, rnd, p = int(info["cid"]), int(info["round"]), int(info["phase_index"])
     state = w.state(context.state, cid)
     payload = codec.get(msg.content, "payload")
@@ -130,8 +128,7 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    info = _info(msg)
-    w = Worker.get(str(info["config"]))
+    info, w = _open(msg)
     cid, rnd = int(info["cid"]), int(info["round"])
     view = codec.get(msg.content, "view")
     batch = w.cfg.eval.batch_size

@@ -86,6 +86,13 @@ def put(records: Any, name: str, obj: Any) -> None:
     records[f"{name}.{SCHEMA}"] = ConfigRecord({SCHEMA: schema})
 
 
+def put_all(records: Any, values: dict[str, Any]) -> Any:
+    """:func:`put` each of ``values`` into ``records``; return ``records``."""
+    for name, value in values.items():
+        put(records, name, value)
+    return records
+
+
 def get(records: Any, name: str, default: Any = None) -> Any:
     """The value :func:`put` stored under ``name`` (``default`` when there is none)."""
     key = f"{name}.{SCHEMA}"

@@ -119,9 +119,8 @@ class FlowerSimulation(Simulation):
             if node in self.dead:
                 self._fail(rnd, cid, kind, "its SuperNode failed earlier")
                 continue
-            content = RecordDict({INFO: info_record(self.config_text, cid=cid, round=rnd, **info)})
-            for name, value in values.items():
-                codec.put(content, name, value)
+            record = info_record(self.config_text, cid=cid, round=rnd, **info)
+            content = codec.put_all(RecordDict({INFO: record}), values)
             cids.append(cid)
             messages.append(self._message(kind, node, content))
         out: dict[int, RecordDict] = {}
