@@ -1,30 +1,47 @@
-"""Engine overhead benchmark: pflkit FedAvg rounds vs. a tight PyTorch loop, in one run.
+"""Engine overhead benchmark: pflkit FedAvg rounds with each client runner vs. a tight PyTorch
+loop, interleaved in one run.
 
-Setting (issue 2): FedAvg, Fashion-MNIST, 20 clients, Dirichlet(0.1), 75/25 local split, the
-4-layer CNN (cnn4), batch 10, 1 local epoch, lr 0.005, all clients every round, evaluation of
-every client (and the global model) every round.
+Anchor setting (issues 2 and 9): FedAvg, full Fashion-MNIST, 20 clients, Dirichlet(0.1), 75/25
+local split, the 4-layer CNN (cnn4), batch 10, 1 local epoch, lr 0.005, all clients every
+round, evaluation of every client and of the global model every round.
 
-The tight loop is plain PyTorch: the same model class, the same clients' training samples as
-preloaded tensors, the same batch size and optimiser; per client it loads the global weights,
-runs one epoch of SGD and keeps a copy of the result, with no pflkit code involved. Engine
-rounds and tight-loop rounds are interleaved (engine, tight, engine, tight, ...) so that machine
-noise hits both alike; the ratios are of the medians.
+Three contenders per round, interleaved (in-process, process pool, tight loop, in-process, ...)
+so that machine noise hits all alike; the ratios are of the medians:
 
-    python benchmarks/bench_fedavg.py [--rounds 3] [--threads 1]
+- **in-process**: :class:`~pflkit.engine.clients.InProcess`, one process with torch's default
+  thread count (``--threads`` to change it);
+- **process pool**: :class:`~pflkit.engine.clients.ProcessPool`, ``--workers`` processes with
+  ``--threads-per-worker`` torch threads each;
+- **tight loop**: plain PyTorch in this process, no pflkit code: per client, load the global
+  weights, one epoch of SGD over its preloaded training tensors, keep a copy of the result
+  (training only: no evaluation).
 
-Goals: training phase <= 1.15x the tight loop; whole round (with evaluation) <= 1.35x.
+A pflkit round is the whole round: training and the evaluation of every client's personalized
+model and of the global model. Peak memory is the largest sum of proportional set sizes (PSS:
+shared pages split between the processes that share them) over this process and its workers,
+sampled every 0.2 s while that contender runs (Linux only).
+
+    python benchmarks/bench_fedavg.py [--rounds 3] [--workers 2] [--device cpu]
+
+Goals (issue 9): whole round with the process pool <= 0.8x the tight loop on 2 cores;
+evaluation <= 10% of the round.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from pflkit.config import validate
+from pflkit.data.federated import build_federated
+from pflkit.engine.clients import InProcess, ProcessPool
 from pflkit.engine.simulation import Simulation
 from pflkit.models import build_model
 
@@ -44,16 +61,59 @@ CONFIG = {
 }
 
 
+def pss_mib(pids: list[int]) -> float:
+    """Sum of the processes' proportional set sizes, in MiB (0 where unreadable)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+class PeakMemory:
+    """Samples the PSS of this process and its children every 0.2 s in a thread."""
+
+    def __init__(self):
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _pids(self) -> list[int]:
+        me = os.getpid()
+        try:
+            kids = Path(f"/proc/{me}/task/{me}/children").read_text().split()
+        except OSError:
+            kids = []
+        return [me, *map(int, kids)]
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, pss_mib(self._pids()))
+            time.sleep(0.2)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def tight_round(sim: Simulation, global_weights: dict) -> float:
     """One round of plain PyTorch training over every client's samples; returns seconds."""
     data = sim.data
-    model = build_model("cnn4", data.input_shape, data.num_classes)
+    model = build_model("cnn4", data.input_shape, data.num_classes).to(sim.cfg.device)
     t0 = time.perf_counter()
     results = []
     for c in data.clients:
         model.load_state_dict(global_weights)
         opt = torch.optim.SGD(model.parameters(), lr=0.005)
-        x, y = c.train_x, c.train_y
+        x, y = c.train_x.to(sim.cfg.device), c.train_y.to(sim.cfg.device)
         perm = torch.randperm(len(y))
         for i in range(0, len(y), 10):
             idx = perm[i : i + 10]
@@ -61,47 +121,73 @@ def tight_round(sim: Simulation, global_weights: dict) -> float:
             F.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
         results.append({k: v.clone() for k, v in model.state_dict().items()})
+    if sim.cfg.device.startswith("cuda"):
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--workers", type=int, default=2, help="process-pool workers")
+    ap.add_argument("--threads-per-worker", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads in this process")
     ap.add_argument("--subset", type=int, default=None, help="use a subset of Fashion-MNIST")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda: no process pool)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = dict(CONFIG)
+    raw = dict(CONFIG, device=args.device)
     if args.subset:
-        cfg["data"] = {**cfg["data"], "subset": args.subset}
-    sim = Simulation(validate(cfg))
-    n_train = sum(len(c.train_y) for c in sim.data.clients)
+        raw["data"] = {**raw["data"], "subset": args.subset}
+    cfg = validate(raw)
+    data = build_federated(cfg.data)
+    contenders = {"in-process": Simulation(cfg, data, InProcess())}
+    if args.device == "cpu":
+        pool = ProcessPool(args.workers, args.threads_per_worker)
+        contenders["process pool"] = Simulation(cfg, data, pool)
+    n_train = sum(len(c.train_y) for c in data.clients)
     print(
-        f"fashion_mnist, 20 clients, dirichlet 0.1, cnn4, batch 10: {n_train} training samples "
-        f"per round, torch threads {torch.get_num_threads()}"
+        f"fashion_mnist, 20 clients, dirichlet 0.1, cnn4, batch 10, device {args.device}: "
+        f"{n_train} training samples per round; this process: {torch.get_num_threads()} torch "
+        f"threads; pool: {args.workers} workers x {args.threads_per_worker} thread(s); "
+        f"{os.cpu_count()} CPUs"
     )
-    engine_train, engine_round, tight = [], [], []
+    rounds: dict[str, list[float]] = {k: [] for k in contenders}
+    evals: dict[str, list[float]] = {k: [] for k in contenders}
+    peak: dict[str, float] = dict.fromkeys([*contenders, "tight loop"], 0.0)
+    tight: list[float] = []
     for rnd in range(1, args.rounds + 1):
-        start = {k: v.clone() for k, v in sim.server["weights"].items()}
-        row = sim.run_round(rnd)
-        engine_train.append(row["seconds_train"])
-        engine_round.append(row["seconds_train"] + row["seconds_eval"])
-        tight.append(tight_round(sim, start))
+        line = []
+        for name, sim in contenders.items():
+            with PeakMemory() as mem:
+                row = sim.run_round(rnd)
+            peak[name] = max(peak[name], mem.peak)
+            rounds[name].append(row["seconds_train"] + row["seconds_eval"])
+            evals[name].append(row["seconds_eval"])
+            line.append(
+                f"{name} {row['seconds_train']:.2f}s + eval {row['seconds_eval']:.2f}s "
+                f"(pers {row['pers_acc_mean']:.3f})"
+            )
+        start = {k: v.clone() for k, v in contenders["in-process"].server["weights"].items()}
+        with PeakMemory() as mem:
+            tight.append(tight_round(contenders["in-process"], start))
+        peak["tight loop"] = max(peak["tight loop"], mem.peak)
+        print(f"round {rnd}: " + " | ".join(line) + f" | tight loop {tight[-1]:.2f}s", flush=True)
+    for sim in contenders.values():
+        sim.close()
+    m_tight = statistics.median(tight)
+    print(f"\nmedians of {args.rounds} rounds; tight loop {m_tight:.2f} s/round (training only)")
+    print("| runner | whole round (s) | / tight loop | eval share | peak PSS (MiB) |")
+    print("|---|---|---|---|---|")
+    for name in contenders:
+        m_round, m_eval = statistics.median(rounds[name]), statistics.median(evals[name])
         print(
-            f"round {rnd}: engine train {row['seconds_train']:.2f}s + eval {row['seconds_eval']:.2f}s "
-            f"| tight loop {tight[-1]:.2f}s | pers acc {row['pers_acc_mean']:.3f}",
-            flush=True,
+            f"| {name} | {m_round:.2f} | {m_round / m_tight:.3f}x | {m_eval / m_round:.1%} | "
+            f"{peak[name]:.0f} |"
         )
-    m_train, m_round, m_tight = map(statistics.median, (engine_train, engine_round, tight))
-    print(
-        f"seconds per round (median of {args.rounds}): engine {m_round:.2f}, tight loop {m_tight:.2f}"
-    )
-    print(f"training phase / tight loop: {m_train / m_tight:.3f}x (goal <= 1.15x)")
-    print(f"whole round / tight loop:    {m_round / m_tight:.3f}x (goal <= 1.35x)")
-    print(
-        f"training throughput: engine {n_train / m_train:.0f} samples/s, tight {n_train / m_tight:.0f} samples/s"
-    )
+    print(f"| tight loop | {m_tight:.2f} | 1.000x | - | {peak['tight loop']:.0f} |")
+    print("goals: whole round with the process pool <= 0.8x the tight loop; eval share <= 10%")
 
 
 if __name__ == "__main__":

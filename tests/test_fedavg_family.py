@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pflkit.algorithms.base import parse_params
+from pflkit.algorithms.blocks.training import cross_entropy, get_weights
 from pflkit.algorithms.fedprox import proximal_loss
-from pflkit.algorithms.training import cross_entropy, get_weights
 from pflkit.config import validate
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
@@ -15,14 +15,14 @@ from pflkit.errors import PflkitError
 
 def test_fedavg_aggregate_is_sample_weighted_mean_of_client_models(tiny):
     sim = Simulation(tiny())
-    algo, ctx = sim.algo, sim.ctx
+    algo = sim.algo
     uploads = {}
-    for cid in range(ctx.data.num_clients):
-        uploads[cid] = algo.client_update(
-            cid, {"weights": sim.server["weights"]}, {}, 1, "train"
+    for env in sim.envs:
+        uploads[env.cid] = algo.client_update(
+            env, {"weights": sim.server["weights"]}, {}, 1, "train"
         ).upload
-        assert uploads[cid]["num_samples"] == len(ctx.client(cid).train_y)
-    new = algo.aggregate(sim.server, uploads, 1, "train")["weights"]
+        assert uploads[env.cid]["num_samples"] == len(sim.data.clients[env.cid].train_y)
+    new = algo.aggregate(sim.senv, sim.server, uploads, 1, "train")["weights"]
     n = sum(u["num_samples"] for u in uploads.values())
     for k, v in new.items():
         expect = sum(u["weights"][k] * u["num_samples"] / n for u in uploads.values())
@@ -72,7 +72,7 @@ def test_fedavg_ft_trains_like_fedavg_but_scores_fine_tuned_models(tiny, tmp_pat
     assert [r["pers_acc_mean"] for r in a.rows] != [r["pers_acc_mean"] for r in b.rows]
     # and the personal model is the global one after ft_epochs of local SGD
     sim = Simulation(tiny(algorithm={"name": "fedavg_ft", "ft_epochs": 2}))
-    pw = sim.algo.personal_weights(sim.server, 0, {})
+    pw = sim.algo.personal_weights(sim.envs[0], {"weights": sim.server["weights"]}, {})
     assert any(not torch.equal(pw[k], sim.server["weights"][k]) for k in pw)
 
 

@@ -22,7 +22,7 @@ from pflkit.errors import PflkitError  # noqa: E402
 from pflkit.flower import client as client_app  # noqa: E402
 from pflkit.flower.client import hosted_clients  # noqa: E402
 from pflkit.flower.codec import decode, encode, get, put  # noqa: E402
-from pflkit.flower.server import FlowerSimulation  # noqa: E402
+from pflkit.flower.server import FlowerRunner  # noqa: E402
 
 HANDLERS = {"query": client_app.query, "train": client_app.train, "evaluate": client_app.evaluate}
 
@@ -75,8 +75,8 @@ def _task_identity():
 
 def flower_run(cfg, tmp_path, nodes, name="flower", **kw):
     grid = kw.pop("grid", None) or FakeGrid(nodes)
-    engine = lambda c: FlowerSimulation(c, grid, node_wait=0, round_timeout=1.0, log=lambda s: None)  # noqa: E731
-    return run_experiment(cfg, out=tmp_path / name, engine=engine), grid
+    runner = FlowerRunner(grid, node_wait=0, round_timeout=1.0, log=lambda s: None)
+    return run_experiment(cfg, out=tmp_path / name, runner=runner), grid
 
 
 def comparable(row: dict) -> dict:

@@ -13,10 +13,9 @@ import torch
 import yaml
 
 from conftest import tiny_config
-from pflkit.algorithms import Context, parse_params
+from pflkit.algorithms import make_envs, parse_params
 from pflkit.algorithms.base import nbytes
-from pflkit.algorithms.distill import cosine_matrix, kd_loss, mix, project_simplex, restrict
-from pflkit.algorithms.kd_baselines import similarity_weights, topk_weights
+from pflkit.algorithms.blocks.distill import cosine_matrix, kd_loss, mix, project_simplex, restrict
 from pflkit.algorithms.ktpfl import (
     coef_objective,
     coef_step_official,
@@ -24,6 +23,7 @@ from pflkit.algorithms.ktpfl import (
     teacher_weights,
     update_coefficients,
 )
+from pflkit.algorithms.simpfd import similarity_weights, topk_weights
 from pflkit.config import validate
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
@@ -209,7 +209,7 @@ def test_teacher_for_client_n_is_exactly_the_c_weighted_mix(tiny, digits_with_pu
         expected = sum(c_before[m, n] * s[m].double() for m in range(4)).float()
         assert torch.allclose(sim.server["teachers"][n], expected, atol=1e-6)
         assert torch.allclose(sim.server["teachers"][n].sum(1), torch.ones(64), atol=1e-5)
-        payload = sim.algo.configure(sim.server, n, 2, "distill")
+        payload = sim.algo.configure(sim.senv, sim.server, n, 2, "distill")
         assert torch.equal(payload["teacher"], sim.server["teachers"][n])
 
 
@@ -271,7 +271,7 @@ def test_kd_loss_is_kl_teacher_student():
 def test_heterogeneous_clients_train_together_end_to_end(algorithm, digits_with_public):
     cfg = hetero_cfg(algorithm)
     sim = Simulation(cfg, data=digits_with_public)
-    assert len({sim.ctx.arch(c) for c in range(4)}) == 4
+    assert len({sim.senv.arch(c) for c in range(4)}) == 4
     rows = [sim.run_round(r) for r in (1, 2)]
     for row in rows:
         assert 0 <= row["pers_acc_mean"] <= 1 and math.isfinite(row["train_loss"])
@@ -279,15 +279,16 @@ def test_heterogeneous_clients_train_together_end_to_end(algorithm, digits_with_
     b = algorithm.get("public_per_round", 64) * 10 * 4  # B x C float32 soft predictions / teacher
     if algorithm["name"] in ("feddf", "pfeddf"):
         for cid, down in zip(rows[0]["clients"], rows[0]["bytes_down"], strict=True):
-            assert down == nbytes(sim.ctx.model(sim.ctx.arch(cid)).state_dict())
+            assert down == nbytes(sim.envs[cid].model().state_dict())
     else:
         extra_down = 32 * 8 if "public_per_round" in algorithm else 0  # the round's indices
         assert rows[0]["bytes_down"] == [b + extra_down] * 4
         assert rows[0]["bytes_up"] == [b + 8] * 4  # soft predictions + D_n
     # every client's personalized model has its own architecture's state-dict
     for cid in range(4):
-        w = sim.algo.personal_weights(sim.server, cid, sim.clients[cid])
-        assert w.keys() == sim.ctx.model(sim.ctx.arch(cid)).state_dict().keys()
+        view = sim.algo.eval_view(sim.senv, sim.server, cid)
+        w = sim.algo.personal_weights(sim.envs[cid], view, sim.clients[cid])
+        assert w.keys() == sim.envs[cid].model().state_dict().keys()
 
 
 def test_reupload_doubles_the_upload(digits_with_public):
@@ -312,34 +313,38 @@ def test_feddf_distils_the_logit_ensemble_into_each_group_average(digits_with_pu
     cfg = hetero_cfg({"name": "feddf"})
     sim = Simulation(cfg, data=digits_with_public)
     algo = sim.algo
-    payloads = {c: algo.configure(sim.server, c, 1, "train") for c in range(4)}
-    uploads = {c: algo.client_update(c, payloads[c], {}, 1, "train").upload for c in range(4)}
-    teacher = algo.ensemble_teacher(uploads)
+    payloads = {c: algo.configure(sim.senv, sim.server, c, 1, "train") for c in range(4)}
+    uploads = {
+        c: algo.client_update(sim.envs[c], payloads[c], {}, 1, "train").upload for c in range(4)
+    }
+    teacher = algo.ensemble_teacher(sim.senv, uploads)
     logits = []
     for c, up in uploads.items():
-        m = sim.ctx.new_model(sim.ctx.arch(c))
+        m = sim.senv.models.new_model(sim.senv.arch(c))
         m.load_state_dict(up["weights"])
         m.eval()
         with torch.no_grad():
             logits.append(m(digits_with_public.public_x))
     expected = torch.softmax(torch.stack(logits).mean(0), 1)
     assert torch.allclose(teacher, expected, atol=1e-5)
-    server = algo.aggregate(sim.server, uploads, 1, "train")
+    server = algo.aggregate(sim.senv, sim.server, uploads, 1, "train")
     # each prototype moved from its group's upload (one client per group) by distillation
     for c in range(4):
-        proto = server["protos"][sim.ctx.arch(c)]
+        proto = server["protos"][sim.senv.arch(c)]
         assert proto.keys() == uploads[c]["weights"].keys()
         assert any(not torch.equal(proto[k], uploads[c]["weights"][k]) for k in proto)
+        view = algo.eval_view(sim.senv, server, c)
         assert torch.equal(
-            algo.personal_weights(server, c, {})["head.weight"], proto["head.weight"]
+            algo.personal_weights(sim.envs[c], view, {})["head.weight"], proto["head.weight"]
         )
 
 
 def test_pfeddf_fine_tunes_the_prototype(digits_with_public):
     sim = Simulation(hetero_cfg({"name": "pfeddf", "ft_epochs": 1}), data=digits_with_public)
     sim.run_round(1)
-    proto = sim.server["protos"][sim.ctx.arch(0)]
-    personal = sim.algo.personal_weights(sim.server, 0, {})
+    proto = sim.server["protos"][sim.senv.arch(0)]
+    view = sim.algo.eval_view(sim.senv, sim.server, 0)
+    personal = sim.algo.personal_weights(sim.envs[0], view, {})
     assert not torch.equal(personal["head.weight"], proto["head.weight"])
 
 
@@ -348,7 +353,7 @@ def test_homogeneous_ktpfl_mixes_parameters_with_c(tiny, digits_with_public):
     sim = Simulation(cfg, data=digits_with_public)
     row = sim.run_round(1)
     assert 0 <= row["pers_acc_mean"] <= 1
-    w = nbytes(sim.ctx.model().state_dict())
+    w = nbytes(sim.senv.model().state_dict())
     assert row["bytes_up"] == [w + 64 * 10 * 4 + 8] * 4 and row["bytes_down"] == [w] * 4
     # the personalised models of round 1 were mixed with the initial (uniform) c
     for n in range(4):
@@ -409,7 +414,7 @@ def test_unknown_client_architecture_is_a_clear_error(tmp_path, digits_with_publ
     bad = [{"name": "mlp", "count": 2}, {"name": "lenet55", "count": 2}]
     cfg = validate(tiny_config(model={"per_client": bad}, algorithm={"name": "ktpfl"}))
     with pytest.raises(PflkitError, match="unknown model 'lenet55'"):
-        Context(cfg, digits_with_public)
+        make_envs(cfg, digits_with_public)
     with pytest.raises(PflkitError, match="unknown model 'lenet55'"):
         Simulation(cfg, data=digits_with_public)
     path = tmp_path / "bad.yaml"

@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params
-from pflkit.algorithms.hpm import (
+from pflkit.algorithms.blocks.hpm import (
     hpm_momentum,
     hpm_update,
     kd_loss,
     mmd_loss,
     personalize,
 )
-from pflkit.algorithms.rs import class_counts, rs_loss, rs_scale
-from pflkit.algorithms.training import get_weights, set_weights
+from pflkit.algorithms.blocks.rs import class_counts, rs_loss, rs_scale
+from pflkit.algorithms.blocks.training import get_weights, set_weights
 from pflkit.engine import Simulation, run_experiment
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
@@ -101,14 +101,14 @@ def test_personalize_folds_the_fine_tuned_model_into_the_hpm(tiny):
     sim = Simulation(
         tiny(algorithm={"name": "fedphp"}, train={"rounds": 10, "client_fraction": 0.5})
     )
-    ctx, p = sim.ctx, sim.algo.params
-    model = ctx.model(ctx.arch(0))
+    env, p = sim.envs[0], sim.algo.params
+    model = env.model()
     set_weights(model, sim.server["weights"])
-    state, _ = personalize(ctx, model, 0, {}, p)  # first selection: HPM := fine-tuned model
+    state, _ = personalize(env, model, {}, p)  # first selection: HPM := fine-tuned model
     assert state["selected"] == 1
     assert all(torch.equal(state["hpm"][k], v) for k, v in get_weights(model).items())
     old = {k: v + 0.1 for k, v in state["hpm"].items()}
-    state, _ = personalize(ctx, model, 0, {"hpm": old, "selected": 1}, p)
+    state, _ = personalize(env, model, {"hpm": old, "selected": 1}, p)
     mu = 0.9 * 2 / (0.5 * 10)
     for k, v in get_weights(model).items():
         assert torch.allclose(state["hpm"][k], (1 - mu) * v + mu * old[k], atol=1e-6)
@@ -150,33 +150,33 @@ def incomplete(tiny, **algo):
 
 def test_map_stage_lengths(tiny):
     sim = Simulation(incomplete(tiny))
-    n = len(sim.ctx.client(0).train_y)
+    n = len(sim.data.clients[0].train_y)
     total = 2 * math.ceil(n / 16)
-    assert sim.algo.stage_steps(0) == (total - total // 2, total // 2)  # paper: E/2 + E/2
+    assert sim.algo.stage_steps(sim.envs[0]) == (total - total // 2, total // 2)  # E/2 + E/2
     sim = Simulation(incomplete(tiny, stage_b_fraction=0.1, stage_b_lr_scale=0.2))
-    assert sim.algo.stage_steps(0) == (total, max(int(0.1 * total), 5))  # authors' code
+    assert sim.algo.stage_steps(sim.envs[0]) == (total, max(int(0.1 * total), 5))  # code
 
 
 def test_map_uploads_the_stage_a_rs_model_and_keeps_stage_b_private(tiny):
     sim = Simulation(incomplete(tiny, alpha=0.0))
-    ctx, algo = sim.ctx, sim.algo
+    env, algo = sim.envs[1], sim.algo
     payload = {"weights": sim.server["weights"]}
     seed_torch(9)
-    up = algo.client_update(1, payload, {}, 1, "train")
+    up = algo.client_update(env, payload, {}, 1, "train")
     # stage A alone, same seed: RS loss for steps_A steps
-    model = ctx.model(ctx.arch(1), slot="check")
+    model = env.model(slot="check")
     set_weights(model, sim.server["weights"])
     seed_torch(9)
-    y = ctx.client(1).train_y
-    ctx.train(
-        model, 1, loss_fn=rs_loss(rs_scale(class_counts(y, 10), 0.0)), steps=algo.stage_steps(1)[0]
+    y = sim.data.clients[1].train_y
+    env.train(
+        model, loss_fn=rs_loss(rs_scale(class_counts(y, 10), 0.0)), steps=algo.stage_steps(env)[0]
     )
     for k, v in get_weights(model).items():
         assert torch.equal(up.upload["weights"][k], v)
     # the HPM (stage B result) differs from the upload and is the personalized model
     hpm = up.state["hpm"]
     assert any(not torch.equal(hpm[k], up.upload["weights"][k]) for k in hpm)
-    assert algo.personal_weights(sim.server, 1, up.state) is hpm
+    assert algo.personal_weights(env, {}, up.state) is hpm
 
 
 def test_map_trains_on_incomplete_classes(tiny, tmp_path):
@@ -215,16 +215,16 @@ def test_scamap_stage_a_is_scaffold_on_the_rs_loss(tiny, tmp_path):
     from pflkit.algorithms.scaffold import scaffold_local_steps
 
     sim = Simulation(incomplete(tiny).model_copy(update={"algorithm": {"name": "scamap"}}))
-    ctx, algo = sim.ctx, sim.algo
-    payload = algo.configure(sim.server, 2, 1, "train")
+    env, algo = sim.envs[2], sim.algo
+    payload = algo.configure(sim.senv, sim.server, 2, 1, "train")
     payload["control"] = {k: torch.full_like(v, 0.01) for k, v in payload["control"].items()}
     seed_torch(5)
-    up = algo.client_update(2, payload, {}, 1, "train")
+    up = algo.client_update(env, payload, {}, 1, "train")
     seed_torch(5)
-    y = ctx.client(2).train_y
+    y = sim.data.clients[2].train_y
     ref = scaffold_local_steps(
-        ctx, 2, payload["weights"], payload["control"], None,
-        loss_fn=rs_loss(rs_scale(class_counts(y, 10), 0.9)), steps=algo.stage_steps(2)[0],
+        env, payload["weights"], payload["control"], None,
+        loss_fn=rs_loss(rs_scale(class_counts(y, 10), 0.9)), steps=algo.stage_steps(env)[0],
     )  # fmt: skip
     for k in ref.delta_y:
         assert torch.equal(up.upload["delta_y"][k], ref.delta_y[k])
@@ -239,8 +239,8 @@ def test_scamap_stage_a_is_scaffold_on_the_rs_loss(tiny, tmp_path):
 def test_scamap_defaults_to_the_code_stage_split_and_stage_b_never_reaches_the_server(tiny):
     cfg = incomplete(tiny)
     sim = Simulation(cfg.model_copy(update={"algorithm": {"name": "scamap"}}))
-    total = cfg.train.local_epochs * -(-len(sim.ctx.client(0).train_y) // cfg.train.batch_size)
-    assert sim.algo.stage_steps(0) == (total, max(int(0.2 * total), 5))
+    total = cfg.train.local_epochs * -(-len(sim.data.clients[0].train_y) // cfg.train.batch_size)
+    assert sim.algo.stage_steps(sim.envs[0]) == (total, max(int(0.2 * total), 5))
     assert sim.algo.params.stage_b_lr_scale == 0.5
     assert sim.algo.params.control_scale == "code"
     servers = []

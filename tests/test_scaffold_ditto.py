@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import nbytes, parse_params, train_from
+from pflkit.algorithms.blocks.training import cross_entropy, get_weights, set_weights
 from pflkit.algorithms.ditto import Ditto, smooth_l1_proximal_loss
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.fedprox import proximal_loss
@@ -18,7 +19,6 @@ from pflkit.algorithms.scaffold import (
     scaffold_server_update,
     zero_control,
 )
-from pflkit.algorithms.training import cross_entropy, get_weights, set_weights
 from pflkit.engine import Simulation, run_experiment
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
@@ -40,22 +40,22 @@ def _quadratic(a):
 
 
 def _missing_classes(sim, cid):
-    y = sim.ctx.client(cid).train_y
-    return sorted(set(range(sim.ctx.data.num_classes)) - set(y.tolist()))
+    y = sim.data.clients[cid].train_y
+    return sorted(set(range(sim.data.num_classes)) - set(y.tolist()))
 
 
 # -- SCAFFOLD: client step -----------------------------------------------------------------------
 def test_scaffold_client_step_matches_option_ii_on_a_quadratic(tiny):
     sim = Simulation(tiny(algorithm={"name": "scaffold"}))
-    ctx = sim.ctx
+    env = sim.envs[0]
     torch.manual_seed(0)
     x = sim.server["weights"]
-    params = zero_control(ctx)
+    params = zero_control(env.model())
     a, c, ci = (_randn_like(params) for _ in range(3))
     lr = 0.05
-    step = scaffold_local_steps(ctx, 0, x, c, ci, loss_fn=_quadratic(a), lr=lr)
-    n = len(ctx.client(0).train_y)
-    k_steps = math.ceil(n / ctx.cfg.train.batch_size)  # one epoch
+    step = scaffold_local_steps(env, x, c, ci, loss_fn=_quadratic(a), lr=lr)
+    n = len(env.data.train_y)
+    k_steps = math.ceil(n / env.run.train.batch_size)  # one epoch
     assert k_steps > 3
     for k in params:  # K steps of y <- y - lr (g(y) + c - c_i) with g(y) = y - a, by hand
         y = x[k].clone()
@@ -73,17 +73,17 @@ def test_scaffold_client_step_matches_option_ii_on_a_quadratic(tiny):
 
 def test_scaffold_with_zero_controls_is_fedavg_step_without_momentum(tiny):
     sim = Simulation(tiny(algorithm={"name": "scaffold"}, train={"momentum": 0.9}))
-    ctx, x = sim.ctx, sim.server["weights"]
-    zero = zero_control(ctx)
+    env, x = sim.envs[0], sim.server["weights"]
+    zero = zero_control(env.model())
     seed_torch(0, 1, 0, 0)
-    step = scaffold_local_steps(ctx, 0, x, zero, None)
+    step = scaffold_local_steps(env, x, zero, None)
     seed_torch(0, 1, 0, 0)
-    plain, loss = train_from(ctx, 0, x, momentum=0.0)  # FedAvg's client step, no momentum
+    plain, loss = train_from(env, x, momentum=0.0)  # FedAvg's client step, no momentum
     for k in x:
         assert torch.equal(step.weights[k], plain[k])
     assert step.loss == pytest.approx(loss)
     seed_torch(0, 1, 0, 0)
-    with_momentum, _ = train_from(ctx, 0, x)  # the config's momentum is not used
+    with_momentum, _ = train_from(env, x)  # the config's momentum is not used
     assert any(not torch.equal(step.weights[k], with_momentum[k]) for k in x)
 
 
@@ -92,24 +92,25 @@ def test_scaffold_correction_moves_an_unused_row_by_exactly_k_lr_c_minus_ci(tiny
     moves only by the correction: -K lr (c - c_i). Plain SCAFFOLD (softmax) moves it."""
     cfg = tiny(algorithm={"name": "scars", "alpha": 0.0}, data=PATHOLOGICAL)
     sim = Simulation(cfg)
-    algo, ctx, x = sim.algo, sim.ctx, sim.server["weights"]
+    algo, x = sim.algo, sim.server["weights"]
     cid = 0
+    env = sim.envs[cid]
     missing = _missing_classes(sim, cid)
     assert missing
-    zero = zero_control(ctx)
+    zero = zero_control(env.model())
     payload = {"weights": x, "control": zero}
-    up = algo.client_update(cid, payload, {}, 1, "train").upload
+    up = algo.client_update(env, payload, {}, 1, "train").upload
     for key in ("head.weight", "head.bias"):
         assert torch.equal(up["delta_y"][key][missing], torch.zeros_like(x[key][missing]))
         assert up["delta_y"][key].abs().sum() > 0  # observed classes do learn
-    plain = Scaffold(ctx, Scaffold.Params()).client_update(cid, payload, {}, 1, "train").upload
+    plain = Scaffold(Scaffold.Params()).client_update(env, payload, {}, 1, "train").upload
     assert plain["delta_y"]["head.weight"][missing].abs().sum() > 0
 
     torch.manual_seed(1)
     c, ci = _randn_like(zero), _randn_like(zero)
     state = {"control": ci}
-    update = algo.client_update(cid, {"weights": x, "control": c}, state, 1, "train")
-    k_steps = math.ceil(len(ctx.client(cid).train_y) / cfg.train.batch_size)
+    update = algo.client_update(env, {"weights": x, "control": c}, state, 1, "train")
+    k_steps = math.ceil(len(env.data.train_y) / cfg.train.batch_size)
     lr = cfg.train.lr
     for key in ("head.weight", "head.bias"):
         expect = -k_steps * lr * (c[key] - ci[key])[missing]
@@ -121,10 +122,10 @@ def test_scaffold_correction_moves_an_unused_row_by_exactly_k_lr_c_minus_ci(tiny
         assert torch.allclose(new_ci[k], expect, atol=1e-4)
     # ScaRS scores the global model by default, like FedRS; MAP's protocol and
     # personal="local" score the client's model after local training, y = x + delta y
-    assert algo.personal_weights(sim.server, cid, update.state) is None
+    assert algo.personal_weights(env, {}, update.state) is None
     algo.params.personal = "local"
-    update = algo.client_update(cid, {"weights": x, "control": c}, state, 1, "train")
-    pw = algo.personal_weights(sim.server, cid, update.state)
+    update = algo.client_update(env, {"weights": x, "control": c}, state, 1, "train")
+    pw = algo.personal_weights(env, {}, update.state)
     assert all(torch.allclose(pw[k], x[k] + update.upload["delta_y"][k]) for k in x)
 
 
@@ -183,7 +184,7 @@ def test_scaffold_server_update(control_scale):
 def test_scaffold_aggregate_uses_its_parameters(tiny):
     sim = Simulation(tiny(algorithm={"name": "scaffold", "eta_g": 0.5, "control_scale": "code"}))
     server, ups = _fake_uploads()
-    got = sim.algo.aggregate(server, ups, 1, "train")
+    got = sim.algo.aggregate(sim.senv, server, ups, 1, "train")
     expect = scaffold_server_update(server, ups, 0.5, 4, control_scale="code")
     for part in ("weights", "control"):
         for k, v in expect[part].items():
@@ -201,9 +202,9 @@ def test_server_control_is_mean_of_client_controls_only_with_paper_scale(tiny, c
     sim = Simulation(cfg)
     for rnd in (1, 2):
         sim.run_round(rnd)
-    n = sim.ctx.data.num_clients
+    n = sim.data.num_clients
     c = sim.server["control"]
-    zero = zero_control(sim.ctx)
+    zero = zero_control(sim.senv.model())
     mean_ci = {
         k: sum(sim.clients.get(i, {}).get("control", zero)[k] for i in range(n)) / n for k in c
     }
@@ -215,12 +216,12 @@ def test_server_control_is_mean_of_client_controls_only_with_paper_scale(tiny, c
 # -- Ditto ---------------------------------------------------------------------------------------
 def test_ditto_personal_loss_gradient_adds_lam_times_v_minus_w(tiny):
     sim = Simulation(tiny(algorithm={"name": "ditto", "lam": 0.3}))
-    model = sim.ctx.model()
+    model = sim.envs[0].model()
     torch.manual_seed(3)
     w = sim.server["weights"]
     v = {k: t + 0.1 * torch.randn_like(t) for k, t in w.items()}
     set_weights(model, v)
-    x, y = sim.ctx.client(0).train_x[:16], sim.ctx.client(0).train_y[:16]
+    x, y = sim.data.clients[0].train_x[:16], sim.data.clients[0].train_y[:16]
     loss = sim.algo.personal_loss(w)(model, x, y)
     loss.backward()
     grads = {k: p.grad.clone() for k, p in model.named_parameters()}
@@ -238,28 +239,28 @@ def test_ditto_personal_loss_gradient_adds_lam_times_v_minus_w(tiny):
 def test_ditto_upload_is_fedavg_client_update_and_personal_model_persists(tiny):
     cfg = tiny(algorithm={"name": "ditto", "lam": 0.5, "personal_epochs": 2}, eval={"every": 9})
     sim = Simulation(cfg)
-    algo, ctx, w = sim.algo, sim.ctx, sim.server["weights"]
-    fedavg = FedAvg(ctx, FedAvg.Params())
+    algo, env, w = sim.algo, sim.envs[0], sim.server["weights"]
+    fedavg = FedAvg(FedAvg.Params())
     seed_torch(0, 1, 0, 0)
-    ref = fedavg.client_update(0, {"weights": w}, {}, 1, "train").upload
+    ref = fedavg.client_update(env, {"weights": w}, {}, 1, "train").upload
     torch.manual_seed(4)
     v0 = {k: t + 0.1 * torch.randn_like(t) for k, t in w.items()}
     seed_torch(0, 1, 0, 0)
-    update = algo.client_update(0, {"weights": w}, {"personal": v0}, 1, "train")
+    update = algo.client_update(env, {"weights": w}, {"personal": v0}, 1, "train")
     assert update.upload.keys() == {"weights", "num_samples"}
     for k in w:  # the global branch is exactly FedAvg's client update
         assert torch.equal(update.upload["weights"][k], ref["weights"][k])
     # the personal branch continues from the stored v (not from w) on CE + lam/2 ||v - w||^2
     seed_torch(0, 1, 0, 0)
-    train_from(ctx, 0, w)  # the global branch's draws
-    expect, _ = train_from(ctx, 0, v0, epochs=2, loss_fn=proximal_loss(w, 0.5))
+    train_from(env, w)  # the global branch's draws
+    expect, _ = train_from(env, v0, epochs=2, loss_fn=proximal_loss(w, 0.5))
     v1 = update.state["personal"]
     for k in w:
         assert torch.equal(v1[k], expect[k])
-    assert algo.personal_weights(sim.server, 0, update.state) is v1
+    assert algo.personal_weights(env, {}, update.state) is v1
     # a first participation starts the personal model from the downloaded global model
     seed_torch(0, 1, 0, 0)
-    fresh = algo.client_update(0, {"weights": w}, {}, 1, "train").state["personal"]
+    fresh = algo.client_update(env, {"weights": w}, {}, 1, "train").state["personal"]
     assert any(not torch.equal(fresh[k], v1[k]) for k in w)
 
     # across rounds in the engine: the personal model lives in client state and is scored
@@ -267,7 +268,7 @@ def test_ditto_upload_is_fedavg_client_update_and_personal_model_persists(tiny):
     p1 = {c: s["personal"] for c, s in sim.clients.items()}
     sim.run_round(2)
     for cid, s in sim.clients.items():
-        assert algo.personal_weights(sim.server, cid, s) is s["personal"]
+        assert algo.personal_weights(sim.envs[cid], {}, s) is s["personal"]
         assert any(not torch.equal(s["personal"][k], p1[cid][k]) for k in w)
         assert any(not torch.equal(s["personal"][k], sim.server["weights"][k]) for k in w)
 
@@ -279,11 +280,12 @@ def test_ditto_aggregate_is_uniform_mean_by_default(tiny):
         for i in range(2)
     }
     assert torch.equal(
-        sim.algo.aggregate({}, ups, 1, "train")["weights"]["w"], torch.full((2,), 0.5)
+        sim.algo.aggregate(sim.senv, {}, ups, 1, "train")["weights"]["w"], torch.full((2,), 0.5)
     )
-    weighted = Ditto(sim.ctx, Ditto.Params(weighting="samples"))
+    weighted = Ditto(Ditto.Params(weighting="samples"))
     assert torch.allclose(
-        weighted.aggregate({}, ups, 1, "train")["weights"]["w"], torch.full((2,), 10 / 11)
+        weighted.aggregate(sim.senv, {}, ups, 1, "train")["weights"]["w"],
+        torch.full((2,), 10 / 11),
     )
 
 
@@ -292,7 +294,7 @@ def test_dittors_global_branch_uses_rs_and_personal_branch_plain_ce(tiny):
     sim = Simulation(tiny(algorithm=algo_cfg, data=PATHOLOGICAL))
     missing = _missing_classes(sim, 0)
     w = sim.server["weights"]
-    update = sim.algo.client_update(0, {"weights": w}, {}, 1, "train")
+    update = sim.algo.client_update(sim.envs[0], {"weights": w}, {}, 1, "train")
     up, v = update.upload["weights"], update.state["personal"]
     for key in ("head.weight", "head.bias"):
         assert torch.equal(up[key][missing], w[key][missing])  # RS, alpha = 0: no gradient
@@ -312,7 +314,7 @@ def test_trains_end_to_end(tiny, tmp_path, name):
     assert res.rows[-1]["pers_acc_selected"] > 0.5
     assert len(res.rows) == 3
     if name == "scaffold":  # downloads x and c, uploads delta y, delta c and n_i
-        fedavg_payload = nbytes({"weights": get_weights(Simulation(tiny()).ctx.model())})
+        fedavg_payload = nbytes({"weights": get_weights(Simulation(tiny()).senv.model())})
         assert all(r["bytes_down"] == [2 * fedavg_payload] * 4 for r in res.rows)
         assert all(r["bytes_up"] == [2 * fedavg_payload + 8] * 4 for r in res.rows)
 

@@ -2,15 +2,15 @@
 
 Every section is a pydantic model with ``extra="forbid"``, so a misspelt key is an error, not a
 silently ignored setting. Algorithm hyper-parameters live under ``algorithm:`` next to its
-``name`` and are validated by that algorithm's own ``Params`` model (see
-:mod:`pflkit.algorithms`). Validation errors are turned into one :class:`PflkitError` sentence.
+``name`` and are validated once, here, by that algorithm's own ``Params`` model (see
+:mod:`pflkit.algorithms`), which fills in every default. Validation errors are turned into one :class:`PflkitError` sentence.
 """
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -91,6 +91,23 @@ class EvalConfig(_Section):
     selected_clients: bool = False
 
 
+class EngineConfig(_Section):
+    """Where client work runs (:mod:`pflkit.engine.clients`). ``workers``: 1 runs clients in
+    this process; N > 1 runs them in N worker processes; ``auto`` (default) uses one worker
+    per CPU core on CPU (the faster choice on a multi-core CPU, docs/benchmarks.md) and this
+    process on an accelerator. Results are identical either way."""
+
+    workers: int | Literal["auto"] = "auto"
+    threads_per_worker: int = Field(1, gt=0)  # torch threads in each worker process
+
+    @field_validator("workers")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be 'auto' or a positive number of worker processes")
+        return v
+
+
 class OutputConfig(_Section):
     dir: str = "runs"
     checkpoint_every: int = Field(0, ge=0)  # 0: only at the end
@@ -115,6 +132,7 @@ class ExperimentConfig(_Section):
     algorithm: dict[str, Any] = {"name": "fedavg"}
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    engine: EngineConfig = EngineConfig()
     output: OutputConfig = OutputConfig()
     compare: CompareConfig = CompareConfig()
 
@@ -171,10 +189,16 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def validate(raw: dict[str, Any]) -> ExperimentConfig:
+    """The typed config of ``raw``; the algorithm's parameters are validated by its ``Params``
+    and every default is filled in (so a run's config.yaml records all of them)."""
     try:
-        return ExperimentConfig.model_validate(raw)
+        cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as err:
         raise PflkitError(_describe(err)) from None
+    from pflkit.algorithms import resolve_params  # the algorithms import this module
+
+    cfg.algorithm = resolve_params(cfg.algorithm)
+    return cfg
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

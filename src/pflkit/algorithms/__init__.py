@@ -1,36 +1,47 @@
-"""Algorithms: one file each, registered by name in :data:`ALGORITHMS`."""
+"""Algorithms: one module per defining paper, each registering its classes by name in
+:data:`ALGORITHMS`; shared building blocks live in :mod:`pflkit.algorithms.blocks`.
 
-from pflkit.algorithms import (  # noqa: F401  (registration)
-    ditto,
-    fedavg,
-    fedavg_ft,
-    fedphp,
-    fedprox,
-    fedrs,
-    kd_baselines,
-    ktpfl,
-    local,
-    map,
-    scaffold,
-)
+Every module of this package is imported here (no hand-kept list), so a new algorithm module
+is registered as soon as it exists; ``tests/test_conformance.py`` checks that every module
+registers at least one algorithm and runs every registered one through the contract checks.
+"""
+
+import importlib
+import pkgutil
+
 from pflkit.algorithms.base import (
     ALGORITHMS,
     Algorithm,
-    Context,
     Update,
     build_algorithm,
+    param,
     parse_params,
     register,
+    resolve_params,
     weighted_average,
 )
+from pflkit.algorithms.env import ClientEnv, ServerEnv, make_envs
+
+# modules that define the contract or environments, not algorithms
+NOT_ALGORITHMS = {"base", "env", "blocks"}
+ALGORITHM_MODULES = sorted(
+    m.name for m in pkgutil.iter_modules(__path__) if m.name not in NOT_ALGORITHMS
+)
+for _name in ALGORITHM_MODULES:
+    importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = [
     "ALGORITHMS",
+    "ALGORITHM_MODULES",
     "Algorithm",
-    "Context",
+    "ClientEnv",
+    "ServerEnv",
     "Update",
     "build_algorithm",
+    "make_envs",
+    "param",
     "parse_params",
     "register",
+    "resolve_params",
     "weighted_average",
 ]

@@ -2,42 +2,43 @@
 
 An algorithm is a small class whose methods exchange **plain data**: dicts of tensors, numbers
 and strings. No module, closure or open file crosses the client/server boundary, so the same
-code runs in the embedded engine and on Flower, the engine counts communication bytes exactly
-from the dicts, and every state can be checkpointed with ``torch.save``.
+code runs in every engine (in-process, process pool, Flower), the engine counts communication
+bytes exactly from the dicts, and every state can be checkpointed with ``torch.save``.
 
-One round, as the engine runs it (``engine/simulation.py``)::
+The algorithm object holds only its validated :class:`Algorithm.Params`. Everything else
+arrives as an argument: client-side methods get that client's :class:`ClientEnv`, server-side
+methods the :class:`ServerEnv` (:mod:`pflkit.algorithms.env`). One round, as the engine runs it
+(``engine/simulation.py``)::
 
     for phase in algo.phases(rnd):                      # most algorithms: one phase
         for cid in selected:                            # same clients for every algorithm
-            payload = algo.configure(server, cid, rnd, phase)          # download
+            payload = algo.configure(senv, server, cid, rnd, phase)          # download
+        # client runner (in-process, process pool or Flower), per client:
             upload, state[cid], metrics = algo.client_update(
-                cid, payload, state[cid], rnd, phase)                  # client work, upload
-        server = algo.aggregate(server, uploads, rnd, phase)
+                envs[cid], payload, state[cid], rnd, phase)                  # client work
+        server = algo.aggregate(senv, server, uploads, rnd, phase)
 
-Evaluation asks ``global_weights(server)`` (the server's model, or None) and
-``personal_weights(server, cid, state)`` (a client's personalized model, or None for "the
-global model"); on a Flower SuperNode, where the client's state lives, ``server`` is the view
-``eval_payload(server, cid)``. Per-client private state (a personal model, a control variate,
-an HPM) starts as ``client_init(cid)`` and lives with the client; per-client *server* state
-lives in the server dict.
+Evaluation takes the same inputs in every engine: the server computes
+``view = eval_view(senv, server, cid)`` (default: the global model) and the client scores
+``personal_weights(env, view, state)`` (None: "the global model", ``view["weights"]``); MAP's
+protocol scores ``trained_weights(env, view, upload, state)``. ``global_weights(senv, server)``
+is the server's model on the global test set. Per-client private state (a personal model, a
+control variate, an HPM) starts as ``client_init(env)`` and lives with the client; per-client
+*server* state lives in the server dict.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
-from torch import Tensor, nn
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from torch import Tensor
 
-from pflkit.algorithms.training import Weights, get_weights, local_sgd, set_weights
-from pflkit.config import ExperimentConfig
-from pflkit.data.federated import ClientData, FederatedDataset
+from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError, unknown_name
-from pflkit.models import PFLModel, build_model
 
 State = dict[str, Any]
 Payload = dict[str, Any]
@@ -52,77 +53,11 @@ class Update(NamedTuple):
     metrics: dict[str, float] = {}  # diagnostics, e.g. training loss (not an upload)
 
 
-@dataclass
-class Context:
-    """What an algorithm may use: config, data, models, device. Built by the engine."""
-
-    cfg: ExperimentConfig
-    data: FederatedDataset
-    device: torch.device = torch.device("cpu")
-    _models: dict[tuple[str, int | str], PFLModel] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        m = self.cfg.model
-        self._specs: dict[str, tuple[str, dict[str, Any]]] = {}
-        self._global_arch = self._register(m.name, m.options)
-        order: list[str] = []
-        for spec in m.per_client or []:
-            if isinstance(spec, str):
-                order.append(self._register(spec, {}))
-            else:
-                order += [self._register(spec.name, spec.options)] * spec.count
-        self._client_arch = order
-        for arch in self._specs:  # fail on a bad name or option now, before anything runs
-            self.model(arch)
-
-    def _register(self, name: str, options: dict[str, Any]) -> str:
-        key = name if not options else f"{name}{json.dumps(options, sort_keys=True)}"
-        self._specs[key] = (name, options)
-        return key
-
-    def arch(self, cid: int | None = None) -> str:
-        """Architecture key of client ``cid`` (``None``: the server's/global architecture)."""
-        if cid is None or not self._client_arch:
-            return self._global_arch
-        return self._client_arch[cid % len(self._client_arch)]
-
-    def model(self, arch: str | None = None, slot: int | str = 0) -> PFLModel:
-        """A reusable model instance per (architecture, slot); load weights into it in place."""
-        key = (arch or self._global_arch, slot)
-        if key not in self._models:
-            # its initial values are always overwritten, so building it must not consume the
-            # RNG stream of the client step that happens to build it first
-            with torch.random.fork_rng(devices=[]):
-                self._models[key] = self.new_model(key[0])
-        return self._models[key]
-
-    def new_model(self, arch: str | None = None) -> PFLModel:
-        """A freshly initialised model (uses torch's global RNG, seeded by the engine)."""
-        name, options = self._specs[arch or self._global_arch]
-        d = self.data
-        return build_model(name, d.input_shape, d.num_classes, **options).to(self.device)
-
-    def init_weights(self, arch: str | None = None) -> Weights:
-        return get_weights(self.new_model(arch))
-
-    def client(self, cid: int) -> ClientData:
-        return self.data.clients[cid]
-
-    def train(self, model: nn.Module, cid: int, **overrides: Any) -> float:
-        """Local SGD on client ``cid``'s training split with the config's optimiser settings;
-        ``overrides`` replace any of local_sgd's keyword arguments (epochs, lr, loss_fn, ...)."""
-        t = self.cfg.train
-        kwargs: dict[str, Any] = dict(
-            epochs=t.local_epochs,
-            batch_size=t.batch_size,
-            lr=t.lr,
-            momentum=t.momentum,
-            weight_decay=t.weight_decay,
-            grad_clip=t.grad_clip,
-        )
-        kwargs.update(overrides)
-        c = self.client(cid)
-        return local_sgd(model, c.train_x, c.train_y, **kwargs)
+def param(default: Any, source: str, **constraints: Any) -> Any:
+    """A typed algorithm parameter whose default comes from ``source`` ("paper", "authors'
+    code", "MAP §3", ...); ``pflkit list --params NAME`` prints it. ``constraints`` are
+    pydantic's (``gt``, ``ge``, ``le``, ...)."""
+    return Field(default, json_schema_extra={"source": source}, **constraints)
 
 
 class Algorithm:
@@ -134,9 +69,12 @@ class Algorithm:
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
-    def __init__(self, ctx: Context, params: Params):
-        self.ctx = ctx
+    def __init__(self, params: Params):
         self.params = params
+
+    def check(self, env: ServerEnv) -> None:
+        """Refuse a run this algorithm cannot do (no public set, mixed architectures, ...) with
+        a :class:`PflkitError`; called once when the engine is built."""
 
     # -- round structure -------------------------------------------------------------------
     def phases(self, rnd: int) -> Sequence[str]:
@@ -144,46 +82,48 @@ class Algorithm:
         return ("train",)
 
     # -- state ---------------------------------------------------------------------------------
-    def server_init(self) -> State:
-        return {"weights": self.ctx.init_weights()}
+    def server_init(self, env: ServerEnv) -> State:
+        return {"weights": env.init_weights()}
 
-    def client_init(self, cid: int) -> State:
+    def client_init(self, env: ClientEnv) -> State:
         return {}
 
     # -- one exchange --------------------------------------------------------------------------
-    def configure(self, server: State, cid: int, rnd: int, phase: str) -> Payload:
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str) -> Payload:
         return {"weights": server["weights"]}
 
     def client_update(
-        self, cid: int, payload: Payload, state: State, rnd: int, phase: str
+        self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str
     ) -> Update:
         raise NotImplementedError
 
     def aggregate(
-        self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str
+        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str
     ) -> State:
         raise NotImplementedError
 
     # -- evaluation ----------------------------------------------------------------------------
-    def global_weights(self, server: State) -> Weights | None:
+    def global_weights(self, env: ServerEnv, server: State) -> Weights | None:
+        """The server's model, scored on the global test set (None: the algorithm has none)."""
         return server.get("weights")
 
-    def personal_weights(self, server: State, cid: int, state: State) -> Weights | None:
-        """Client ``cid``'s personalized model; ``None`` means the global model."""
+    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+        """What client ``cid`` needs from the server to evaluate: default the global model as
+        ``{"weights": ...}`` (nothing when there is none). Sent in every engine."""
+        gw = self.global_weights(env, server)
+        return {} if gw is None else {"weights": gw}
+
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State) -> Weights | None:
+        """The client's personalized model; ``None`` means the global model."""
         return None
 
-    def eval_payload(self, server: State, cid: int) -> Payload:
-        """What a client needs from the server to evaluate its personalized model where its
-        state lives (a Flower SuperNode): a view of ``server`` that ``personal_weights``,
-        ``global_weights`` and ``trained_weights`` accept for this client. Default: the whole
-        server state; override when it holds large per-client entries."""
-        return server
-
-    def trained_weights(self, server: State, cid: int, upload: Upload, state: State) -> Weights:
-        """Client ``cid``'s model right after its local training in this round, for MAP's
+    def trained_weights(
+        self, env: ClientEnv, view: Payload, upload: Upload, state: State
+    ) -> Weights:
+        """The client's model right after its local training in this round, for MAP's
         personalization protocol (selected clients, after local training): its personalized
         model if it keeps one, else the model it uploaded."""
-        personal = self.personal_weights(server, cid, state)
+        personal = self.personal_weights(env, view, state)
         return personal if personal is not None else upload["weights"]
 
 
@@ -232,6 +172,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
+    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
+        raise RuntimeError(f"two algorithms are registered as {cls.name!r}")
     ALGORITHMS[cls.name] = cls
     return cls
 
@@ -258,15 +200,22 @@ def parse_params(algo_cfg: Mapping[str, Any]) -> tuple[type[Algorithm], Algorith
         ) from None
 
 
-def build_algorithm(ctx: Context) -> Algorithm:
-    cls, params = parse_params(ctx.cfg.algorithm)
-    return cls(ctx, params)
+def resolve_params(algo_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``algo_cfg`` with every parameter validated and every default filled in (what a run's
+    config.yaml records)."""
+    cls, params = parse_params(algo_cfg)
+    return {"name": cls.name, **params.model_dump(mode="json")}
 
 
-def train_from(ctx: Context, cid: int, weights: Weights, slot: int = 0, **overrides: Any):
+def build_algorithm(algo_cfg: Mapping[str, Any]) -> Algorithm:
+    cls, params = parse_params(algo_cfg)
+    return cls(params)
+
+
+def train_from(env: ClientEnv, weights: Weights, slot: int | str = 0, **overrides: Any):
     """Load ``weights`` into the client's reusable model, train it locally, return
     ``(new weights, mean loss)``: the body of every FedAvg-like client step."""
-    model = ctx.model(ctx.arch(cid), slot)
+    model = env.model(slot)
     set_weights(model, weights)
-    loss = ctx.train(model, cid, **overrides)
+    loss = env.train(model, **overrides)
     return get_weights(model), loss

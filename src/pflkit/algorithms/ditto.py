@@ -53,19 +53,13 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from pflkit.algorithms.base import (
-    Payload,
-    State,
-    Update,
-    register,
-    train_from,
-)
+from pflkit.algorithms.base import Payload, State, Update, param, register, train_from
+from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSMode, RSParams
+from pflkit.algorithms.blocks.training import LossFn, Weights, cross_entropy
+from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.fedprox import proximal_loss
-from pflkit.algorithms.rs import RSMode, RSParams, client_rs_loss
-from pflkit.algorithms.training import LossFn, Weights, cross_entropy
 
 Weighting = Literal["uniform", "samples"]
 
@@ -86,15 +80,11 @@ class Ditto(FedAvg):
     description = "Ditto (Li et al. 2021): FedAvg + a private model pulled toward the global one"
 
     class Params(FedAvg.Params):
-        lam: float = Field(0.1, ge=0)  # weight of the proximal term
-        prox: Literal["l2", "smooth_l1"] = "l2"  # "smooth_l1": the MAP code's variant
-        personal_epochs: int | None = Field(None, gt=0)  # default: train.local_epochs
-        personal_lr: float | None = Field(None, gt=0)  # default: train.lr
-        weighting: Weighting = "uniform"  # server average (paper: uniform)
-
-    def train_overrides(self, cid: int, payload: Payload) -> dict:
-        """The global branch's local loss (DittoRS: restricted softmax)."""
-        return {}
+        lam: float = param(0.1, "paper grid {0.1, 1, 2} and MAP code grid", ge=0)
+        prox: Literal["l2", "smooth_l1"] = param("l2", "paper (Eq. 2); smooth_l1: MAP code")
+        personal_epochs: int | None = param(None, "MAP code (None: train.local_epochs)", gt=0)
+        personal_lr: float | None = param(None, "paper (one eta; None: train.lr)", gt=0)
+        weighting: Weighting = param("uniform", "paper (Alg. 1: server average)")
 
     def personal_loss(self, w_global: Weights) -> LossFn:
         p = self.params
@@ -102,13 +92,12 @@ class Ditto(FedAvg):
             return proximal_loss(w_global, p.lam)
         return smooth_l1_proximal_loss(w_global, p.lam)
 
-    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
-        ctx, p, t = self.ctx, self.params, self.ctx.cfg.train
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        p, t = self.params, env.run.train
         w_t = payload["weights"]
-        glob = super().client_update(cid, payload, state, rnd, phase)  # FedAvg's client step
+        glob = super().client_update(env, payload, state, rnd, phase)  # FedAvg's client step
         personal, ploss = train_from(
-            ctx,
-            cid,
+            env,
             state.get("personal", w_t),
             epochs=p.personal_epochs or t.local_epochs,
             lr=p.personal_lr or t.lr,
@@ -117,18 +106,14 @@ class Ditto(FedAvg):
         metrics = {**glob.metrics, "personal_loss": ploss}
         return Update(glob.upload, {**state, "personal": personal}, metrics)
 
-    def personal_weights(self, server: State, cid: int, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
         return state.get("personal")
 
 
 @register
-class DittoRS(Ditto):
+class DittoRS(RestrictedSoftmax, Ditto):
     name = "dittors"
     description = "DittoRS (MAP ablation): Ditto whose global branch uses the restricted softmax"
 
     class Params(Ditto.Params, RSParams):  # alpha (0.9), rs_mode, min_samples (1)
-        rs_mode: RSMode = "soft"  # the MAP code's DittoRS; "hard": the paper's indicator
-
-    def train_overrides(self, cid: int, payload: Payload) -> dict:
-        y = self.ctx.client(cid).train_y
-        return {"loss_fn": client_rs_loss(y, self.ctx.data.num_classes, self.params)}
+        rs_mode: RSMode = param("soft", "MAP code's DittoRS; hard: the paper's indicator")

@@ -21,10 +21,13 @@ from pflkit.algorithms.base import (
     Payload,
     State,
     Update,
+    param,
     register,
     train_from,
     weighted_average,
 )
+from pflkit.algorithms.blocks.training import LossFn, cross_entropy
+from pflkit.algorithms.env import ClientEnv
 
 
 @register
@@ -33,18 +36,18 @@ class FedAvg(Algorithm):
     description = "FedAvg (McMahan et al. 2017): local SGD, sample-weighted model averaging"
 
     class Params(Algorithm.Params):
-        weighting: Literal["samples", "uniform"] = "samples"
+        weighting: Literal["samples", "uniform"] = param("samples", "paper (Alg. 1: n_k / n)")
 
-    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
-        overrides = self.train_overrides(cid, payload)
-        weights, loss = train_from(self.ctx, cid, payload["weights"], **overrides)
-        n = len(self.ctx.client(cid).train_y)
-        return Update({"weights": weights, "num_samples": n}, state, {"train_loss": loss})
+    def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
+        """The loss of the local steps (FedProx: + proximal term; FedRS: restricted softmax)."""
+        return cross_entropy
 
-    def train_overrides(self, cid: int, payload: Payload) -> dict:
-        """Extra local_sgd arguments (e.g. a loss); FedProx and FedRS override this."""
-        return {}
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        loss_fn = self.local_objective(env, payload)
+        weights, loss = train_from(env, payload["weights"], loss_fn=loss_fn)
+        upload = {"weights": weights, "num_samples": env.num_train}
+        return Update(upload, state, {"train_loss": loss})
 
-    def aggregate(self, server, uploads, rnd, phase) -> State:
+    def aggregate(self, env, server, uploads, rnd, phase) -> State:
         uniform = self.params.weighting == "uniform"
         return {**server, "weights": weighted_average(uploads, uniform=uniform)}

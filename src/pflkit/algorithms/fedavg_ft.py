@@ -12,9 +12,8 @@ this scores every client after ``ft_epochs`` of fine-tuning from the same global
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from pflkit.algorithms.base import State, register, train_from
+from pflkit.algorithms.base import Payload, State, param, register, train_from
+from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 
 
@@ -24,12 +23,10 @@ class FedAvgFT(FedAvg):
     description = "FedAvg + local fine-tuning before evaluation (the FedAvg-FT baseline)"
 
     class Params(FedAvg.Params):
-        ft_epochs: int = Field(1, gt=0)
-        ft_lr: float | None = Field(None, gt=0)
+        ft_epochs: int = param(1, "pflkit (one epoch of fine-tuning)", gt=0)
+        ft_lr: float | None = param(None, "pflkit (None: train.lr)", gt=0)
 
-    def personal_weights(self, server: State, cid: int, state: State):
-        lr = self.params.ft_lr or self.ctx.cfg.train.lr
-        weights, _ = train_from(
-            self.ctx, cid, server["weights"], epochs=self.params.ft_epochs, lr=lr
-        )
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+        lr = self.params.ft_lr or env.run.train.lr
+        weights, _ = train_from(env, view["weights"], epochs=self.params.ft_epochs, lr=lr)
         return weights

@@ -15,11 +15,11 @@ paper's grid {0.001, 0.01, 0.1, 1}.
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
-from pflkit.algorithms.base import Payload, register
+from pflkit.algorithms.base import Payload, param, register
+from pflkit.algorithms.blocks.training import LossFn, cross_entropy
+from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.training import cross_entropy
 
 
 def proximal_loss(global_weights: dict[str, torch.Tensor], mu: float):
@@ -38,7 +38,7 @@ class FedProx(FedAvg):
     description = "FedProx (Li et al. 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2"
 
     class Params(FedAvg.Params):
-        mu: float = Field(0.01, ge=0)
+        mu: float = param(0.01, "paper (grid {0.001, 0.01, 0.1, 1})", ge=0)
 
-    def train_overrides(self, cid: int, payload: Payload) -> dict:
-        return {"loss_fn": proximal_loss(payload["weights"], self.params.mu)}
+    def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
+        return proximal_loss(payload["weights"], self.params.mu)

@@ -5,7 +5,7 @@ Shared: the whole model. Private: the client's class counts (used only locally).
 
 - Client k runs FedAvg's local training with the restricted-softmax loss (MAP Eq. 8),
   CE(a^k * logits, y) with a^k_c = 1 for observed classes and alpha for missing ones
-  (:mod:`pflkit.algorithms.rs`). ``rs_mode: soft`` is the FedRS code's
+  (:mod:`pflkit.algorithms.blocks.rs`). ``rs_mode: soft`` is the FedRS code's
   a_c = alpha + (1 - alpha) n_c / max_j n_j; ``complete`` is MAP Table III's literal rule.
 - Server: parameter averaging, unchanged.
 
@@ -15,19 +15,15 @@ sample-weighted averaging (the FedRS code; ``weighting: uniform`` for MAP's Alg.
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import Payload, register
+from pflkit.algorithms.base import register
+from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.rs import RSParams, client_rs_loss
 
 
 @register
-class FedRS(FedAvg):
+class FedRS(RestrictedSoftmax, FedAvg):
     name = "fedrs"
     description = "FedRS (Li & Zhan 2021): FedAvg with restricted softmax on missing classes"
 
     class Params(FedAvg.Params, RSParams):
         pass
-
-    def train_overrides(self, cid: int, payload: Payload) -> dict:
-        y = self.ctx.client(cid).train_y
-        return {"loss_fn": client_rs_loss(y, self.ctx.data.num_classes, self.params)}

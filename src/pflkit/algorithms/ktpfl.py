@@ -9,7 +9,7 @@ client ``n``'s teacher: column ``n`` belongs to student ``n``, as in the paper's
 the latest uploads ``S_m`` and ``D_m``. The server holds no model.
 
 One round, paper order (Alg. 1, Fig. 1; ``order="train_then_distill"``; phases of
-:class:`~pflkit.algorithms.distill.SoftTeacherKD`):
+:class:`~pflkit.algorithms.blocks.distill.SoftTeacherKD`):
 
 1. phase ``share``: client ``n`` trains ``E`` epochs on its private data (eq. 5, cross-entropy,
    ``train.lr`` = eta_1) and uploads ``S_n`` (and ``D_n``);
@@ -51,7 +51,7 @@ clients, each column renormalised over them, and only the sub-block ``c[S_t, S_t
 (each column keeping its mass on ``S_t``).
 
 Deviations: ``c`` is kept on the simplex (projection); the distillation loss is eq. 6's KL per
-sample, averaged over the mini-batch (``kd_loss``, see :mod:`pflkit.algorithms.distill`; the code
+sample, averaged over the mini-batch (``kd_loss``, see :mod:`pflkit.algorithms.blocks.distill`; the code
 also divides by the number of classes: ``kd_loss: kl_mean``); no public-data pre-training and no 1-epoch "initialisation" pass (the code's ``pretrain``).
 
 **ktpfl_homo** (Table 2's homogeneous variant; App. C is missing, so this is an inferred
@@ -70,19 +70,21 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from torch import Tensor
 
-from pflkit.algorithms.base import Algorithm, Context, Payload, State, Update, Upload, register
-from pflkit.algorithms.distill import (
+from pflkit.algorithms.base import Algorithm, Payload, State, Update, Upload, param, register
+from pflkit.algorithms.blocks.distill import (
     SoftTeacherKD,
     project_simplex,
+    public_indices,
+    public_subset,
     require_public,
     restrict,
-    round_indices,
     soft_predictions,
 )
-from pflkit.algorithms.training import Weights, get_weights, set_weights
+from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 
 EPS = 1e-12
@@ -152,12 +154,12 @@ def coef_step_official(c: Tensor, soft: Tensor, *, rho: float) -> Tensor:
 class CoefParams(BaseModel):
     """The knowledge-coefficient hyper-parameters (KT-pFL and its homogeneous variant)."""
 
-    rho: float = Field(0.7, ge=0)  # pull of c towards uniform
-    lam: float = Field(1.0, ge=0)  # weight of the KD term in eq. 4 / 7
-    coef_lr: float = Field(0.01, gt=0)  # eta_3
-    coef_steps: int = Field(1, gt=0)  # gradient steps on c per round
-    coef_update: Literal["paper", "official"] = "paper"
-    coef_kl: Literal["sum", "mean"] = "sum"  # KL summed (eq. 2) or averaged over public samples
+    rho: float = param(0.7, "authors' code (pull of c towards uniform)", ge=0)
+    lam: float = param(1.0, "specs/ktpfl.md §3 (weight of the KD term, eqs. 4, 7)", ge=0)
+    coef_lr: float = param(0.01, "paper's hyper-parameter study (eta_3)", gt=0)
+    coef_steps: int = param(1, "paper (one step on c per round)", gt=0)
+    coef_update: Literal["paper", "official"] = param("paper", "paper (eq. 7); official: code")
+    coef_kl: Literal["sum", "mean"] = param("sum", "paper (eq. 2: KL summed over samples)")
 
 
 def update_coefficients(
@@ -198,10 +200,10 @@ class KTpFL(SoftTeacherKD):
     default_order = "train_then_distill"
 
     class Params(SoftTeacherKD.Params, CoefParams):
-        temperature: float = Field(10.0, gt=0)
+        temperature: float = param(10.0, "authors' code (T)", gt=0)
         coef_timing: Literal[
             "after_distill_reuse_uploads", "after_distill_reupload", "before_mix"
-        ] = "after_distill_reuse_uploads"
+        ] = param("after_distill_reuse_uploads", "paper (Alg. 1); before_mix: authors' code")
 
     def _update_c(self, server: State, soft: Tensor) -> State:
         c = update_coefficients(
@@ -257,59 +259,47 @@ class KTpFLHomo(Algorithm):
     )
 
     class Params(Algorithm.Params, CoefParams):
-        temperature: float = Field(10.0, gt=0)
-        public_per_round: int | None = Field(None, gt=0)
+        temperature: float = param(10.0, "authors' code (T)", gt=0)
+        public_per_round: int | None = param(None, "paper (None: the whole public set)", gt=0)
 
-    def __init__(self, ctx: Context, params: Params):
-        super().__init__(ctx, params)
-        self.public = require_public(ctx, self.name)
-        archs = {ctx.arch(c) for c in range(ctx.data.num_clients)}
+    def check(self, env: ServerEnv) -> None:
+        require_public(env, self.name, self.params.public_per_round)
+        archs = set(env.archs)
         if len(archs) > 1:
             raise PflkitError(
                 f"algorithm '{self.name}' averages parameters, so every client needs the same "
                 f"architecture (got {len(archs)}): remove model.per_client, or use 'ktpfl'"
             )
-        k = params.public_per_round
-        if k is not None and k > len(self.public):
-            raise PflkitError(
-                f"algorithm '{self.name}': public_per_round {k} exceeds the public set's "
-                f"{len(self.public)} samples: lower it or raise data.public.size"
-            )
 
-    def server_init(self) -> State:
-        n = self.ctx.data.num_clients
+    def server_init(self, env: ServerEnv) -> State:
+        n = env.num_clients
         return {
             "c": torch.full((n, n), 1.0 / n, dtype=torch.float64),
-            "weights": self.ctx.init_weights(self.ctx.arch(0)),
+            "weights": env.init_weights(env.arch(0)),
             "personal": {},
         }
 
-    def client_init(self, cid: int) -> State:
-        return {}
-
-    def configure(self, server: State, cid: int, rnd: int, phase: str) -> Payload:
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         payload: Payload = {"weights": server["personal"].get(cid, server["weights"])}
-        if self.params.public_per_round is not None:
-            payload["public_idx"] = round_indices(
-                self.ctx.cfg.seed, rnd, len(self.public), self.params.public_per_round
-            )
+        idx = public_indices(env, rnd, self.params.public_per_round)
+        if idx is not None:
+            payload["public_idx"] = idx
         return payload
 
-    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
-        model = self.ctx.model(self.ctx.arch(cid))
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        model = env.model()
         set_weights(model, payload["weights"])
-        loss = self.ctx.train(model, cid)
-        idx = payload.get("public_idx")
-        x = self.public if idx is None else self.public[idx]
+        loss = env.train(model)
+        x = public_subset(env, payload.get("public_idx"))
         weights = get_weights(model)
         upload = {
             "weights": weights,
             "soft": soft_predictions(model, x, self.params.temperature),
-            "num_samples": len(self.ctx.client(cid).train_y),
+            "num_samples": env.num_train,
         }
         return Update(upload, {"weights": weights}, {"train_loss": loss})
 
-    def aggregate(self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str):
+    def aggregate(self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd, phase):
         active_list = sorted(uploads)
         active = torch.tensor(active_list)
         models = [uploads[c]["weights"] for c in active_list]
@@ -322,17 +312,13 @@ class KTpFLHomo(Algorithm):
         c = update_coefficients(server["c"], active, soft, num, self.params)
         return {**server, "c": c, "personal": personal}
 
-    def global_weights(self, server: State):
+    def global_weights(self, env: ServerEnv, server: State):
         return None
 
-    def eval_payload(self, server: State, cid: int) -> Payload:
-        personal = server["personal"]
-        return {
-            "weights": server["weights"],
-            "personal": {cid: personal[cid]} if cid in personal else {},
-        }
+    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+        """The model client ``cid`` would download: its personalised mix, or the initial one."""
+        return {"weights": server["personal"].get(cid, server["weights"])}
 
-    def personal_weights(self, server: State, cid: int, state: State):
-        if "weights" in state:
-            return state["weights"]
-        return server["personal"].get(cid, server["weights"])
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+        # its model after its last local training, or the model it would download
+        return state.get("weights", view["weights"])

@@ -9,6 +9,7 @@ clients train for the configured local epochs.
 from __future__ import annotations
 
 from pflkit.algorithms.base import Algorithm, Payload, State, Update, register, train_from
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 
 @register
@@ -16,21 +17,21 @@ class Local(Algorithm):
     name = "local"
     description = "Local training only: every client trains its own model, no communication"
 
-    def server_init(self) -> State:
+    def server_init(self, env: ServerEnv) -> State:
         return {}
 
-    def client_init(self, cid: int) -> State:
-        return {"weights": self.ctx.init_weights(self.ctx.arch(cid))}
+    def client_init(self, env: ClientEnv) -> State:
+        return {"weights": env.init_weights()}
 
-    def configure(self, server: State, cid: int, rnd: int, phase: str) -> Payload:
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         return {}
 
-    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
-        weights, loss = train_from(self.ctx, cid, state["weights"])
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        weights, loss = train_from(env, state["weights"])
         return Update({}, {"weights": weights}, {"train_loss": loss})
 
-    def aggregate(self, server, uploads, rnd, phase) -> State:
+    def aggregate(self, env, server, uploads, rnd, phase) -> State:
         return server
 
-    def personal_weights(self, server: State, cid: int, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
         return state["weights"]

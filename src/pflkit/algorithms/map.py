@@ -41,58 +41,60 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
-from pflkit.algorithms.base import Payload, State, Update, register
+from pflkit.algorithms.base import Payload, State, Update, param, register
+from pflkit.algorithms.blocks.hpm import HPMParams, personalize
+from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
+from pflkit.algorithms.blocks.training import get_weights, set_weights, steps_per_epoch
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.hpm import HPMParams, personalize
-from pflkit.algorithms.rs import RSParams, client_rs_loss
-from pflkit.algorithms.scaffold import ControlScale, Scaffold
-from pflkit.algorithms.training import get_weights, set_weights, steps_per_epoch
+from pflkit.algorithms.scaffold import (
+    ControlScale,
+    ScaffoldServerParams,
+    scaffold_aggregate,
+    scaffold_client_step,
+    scaffold_payload,
+    scaffold_server_init,
+)
 
 
 class MAPParams(FedAvg.Params, RSParams, HPMParams):
-    weighting: Literal["samples", "uniform"] = "uniform"  # Alg. 1: plain mean over S_t
-    stage_b_fraction: float | None = Field(None, gt=0)  # None: the paper's E/2 + E/2 split
-    stage_b_lr_scale: float = Field(1.0, gt=0)
+    weighting: Literal["samples", "uniform"] = param("uniform", "paper (Alg. 1: mean over S_t)")
+    stage_b_fraction: float | None = param(
+        None, "paper (None: E/2 + E/2); 0.1: authors' code", gt=0
+    )
+    stage_b_lr_scale: float = param(1.0, "paper (same lr); 0.2: authors' code", gt=0)
 
 
 @register
-class MAP(FedAvg):
+class MAP(RestrictedSoftmax, FedAvg):
     name = "map"
     description = "MAP (Li et al. 2024): restricted-softmax stage A uploaded + HPM stage B kept"
 
     Params = MAPParams
 
-    def stage_steps(self, cid: int) -> tuple[int, int]:
-        t = self.ctx.cfg.train
-        total = t.local_epochs * steps_per_epoch(len(self.ctx.client(cid).train_y), t.batch_size)
+    def stage_steps(self, env: ClientEnv) -> tuple[int, int]:
+        t = env.run.train
+        total = t.local_epochs * steps_per_epoch(env.num_train, t.batch_size)
         if self.params.stage_b_fraction is None:
             return total - total // 2, total // 2
         return total, max(int(self.params.stage_b_fraction * total), 5)
 
-    def stage_a(self, model, cid: int, payload: Payload, state: State, steps: int):
+    def stage_a(self, env: ClientEnv, model, payload: Payload, state: State, steps: int):
         """Train ``model`` (holding the download) for stage A; return (upload, state, loss)."""
-        loss_fn = client_rs_loss(
-            self.ctx.client(cid).train_y, self.ctx.data.num_classes, self.params
-        )
-        loss = self.ctx.train(model, cid, loss_fn=loss_fn, steps=steps)
-        n = len(self.ctx.client(cid).train_y)
-        return {"weights": get_weights(model), "num_samples": n}, state, loss
+        loss = env.train(model, loss_fn=self.local_objective(env, payload), steps=steps)
+        return {"weights": get_weights(model), "num_samples": env.num_train}, state, loss
 
-    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
-        model = self.ctx.model(self.ctx.arch(cid))
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        model = env.model()
         set_weights(model, payload["weights"])
-        steps_a, steps_b = self.stage_steps(cid)
-        upload, state, loss_a = self.stage_a(model, cid, payload, state, steps_a)
-        lr_b = self.ctx.cfg.train.lr * self.params.stage_b_lr_scale
-        hpm_state, loss_b = personalize(
-            self.ctx, model, cid, state, self.params, steps=steps_b, lr=lr_b
-        )
+        steps_a, steps_b = self.stage_steps(env)
+        upload, state, loss_a = self.stage_a(env, model, payload, state, steps_a)
+        lr_b = env.run.train.lr * self.params.stage_b_lr_scale
+        hpm_state, loss_b = personalize(env, model, state, self.params, steps=steps_b, lr=lr_b)
         metrics = {"train_loss": loss_a, "train_loss_b": loss_b}
         return Update(upload, {**state, **hpm_state}, metrics)
 
-    def personal_weights(self, server: State, cid: int, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
         return state.get("hpm")
 
 
@@ -101,27 +103,34 @@ class ScaMAP(MAP):
     name = "scamap"
     description = "ScaMAP (Li et al. 2024): MAP whose stage A is SCAFFOLD on the RS loss"
 
-    class Params(MAPParams):
+    class Params(MAPParams, ScaffoldServerParams):
         # the authors' code (ScaMAP is defined only there): stage A all E epochs, stage B 20%
         # of its steps at 0.5 x lr. MAP's E/2 + E/2 split (stage_b_fraction: null) is unstable
         # here without gradient clipping (docs/map.md, "ScaMAP")
-        stage_b_fraction: float | None = Field(0.2, gt=0)
-        stage_b_lr_scale: float = Field(0.5, gt=0)
-        eta_g: float = Field(1.0, gt=0)  # SCAFFOLD's server learning rate
-        control_scale: ControlScale = "code"  # the code's c += mean(Δc), no |S|/N factor
-        local_weight_decay: bool = True
+        stage_b_fraction: float | None = param(0.2, "authors' code", gt=0)
+        stage_b_lr_scale: float = param(0.5, "authors' code", gt=0)
+        control_scale: ControlScale = param("code", "authors' code (no |S|/N factor)")
 
-    # SCAFFOLD's server side as is: (x, c) state and download, the option-II server update
-    server_init = Scaffold.server_init
-    configure = Scaffold.configure
-    aggregate = Scaffold.aggregate
+    # SCAFFOLD's server side, called as SCAFFOLD's functions: (x, c) state and download, the
+    # option-II server update
+    def server_init(self, env: ServerEnv) -> State:
+        return scaffold_server_init(env)
 
-    corrected_steps = Scaffold.corrected_steps
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+        return scaffold_payload(server)
 
-    def local_loss(self, cid: int):
-        return client_rs_loss(self.ctx.client(cid).train_y, self.ctx.data.num_classes, self.params)
+    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str):
+        return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
-    def stage_a(self, model, cid: int, payload: Payload, state: State, steps: int):
-        # leaves y in ``model`` (the client's slot-0 model), where stage B continues
-        step, upload = self.corrected_steps(cid, payload, state, steps)
+    def stage_a(self, env: ClientEnv, model, payload: Payload, state: State, steps: int):
+        # SCAFFOLD's corrected steps train ``env.model()`` (= ``model``), which keeps y for
+        # stage B
+        step, upload = scaffold_client_step(
+            env,
+            payload,
+            state,
+            self.local_objective(env, payload),
+            local_weight_decay=self.params.local_weight_decay,
+            steps=steps,
+        )
         return upload, {**state, "control": step.control}, step.loss

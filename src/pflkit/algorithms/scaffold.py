@@ -33,8 +33,10 @@ training samples, specs/map.md §8.9). ``alpha`` defaults to 0.9 (MAP §3 defaul
 
 Defaults: ``eta_g`` = 1.0 (the paper's experiments; the MAP code grid is {0.5, 0.75, 0.9});
 uniform means over S (the paper and the MAP code). The module-level functions
-:func:`scaffold_local_steps` and :func:`scaffold_server_update` are the client and server steps,
-reused by ScaMAP (MAP whose stage A is SCAFFOLD with the RS loss).
+:func:`scaffold_server_init`, :func:`scaffold_payload`, :func:`scaffold_client_step` (built on
+:func:`scaffold_local_steps`) and :func:`scaffold_server_update` are the whole algorithm; the
+class only wires them, and ScaMAP (MAP whose stage A is SCAFFOLD with the RS loss) calls the
+same functions.
 
 Deviations and options:
 
@@ -70,27 +72,28 @@ from collections.abc import Mapping
 from typing import Literal, NamedTuple
 
 import torch
-from pydantic import Field
 
 from pflkit.algorithms.base import (
     Algorithm,
-    Context,
     Payload,
     State,
     Update,
     Upload,
+    param,
     register,
     weighted_average,
 )
-from pflkit.algorithms.rs import RSParams, client_rs_loss
-from pflkit.algorithms.training import (
+from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
+from pflkit.algorithms.blocks.training import (
     LossFn,
     Weights,
     cross_entropy,
     get_weights,
     set_weights,
+    shift_grad,
     steps_per_epoch,
 )
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 ControlScale = Literal["paper", "code"]
 Weighting = Literal["uniform", "samples"]
@@ -106,15 +109,23 @@ class ScaffoldStep(NamedTuple):
     loss: float  # mean task loss over the K steps (without the correction term)
 
 
-def zero_control(ctx: Context, cid: int | None = None) -> Weights:
-    """A control variate of zeros: one tensor per *parameter* of the client's model."""
-    model = ctx.model(ctx.arch(cid))
+def zero_control(model: torch.nn.Module) -> Weights:
+    """A control variate of zeros: one tensor per *parameter* of ``model``."""
     return {k: torch.zeros_like(p) for k, p in model.named_parameters()}
 
 
+def scaffold_server_init(env: ServerEnv) -> State:
+    """x_0 (a fresh global model) and c = 0."""
+    return {"weights": env.init_weights(), "control": zero_control(env.model())}
+
+
+def scaffold_payload(server: State) -> Payload:
+    """The download: x and c."""
+    return {"weights": server["weights"], "control": server["control"]}
+
+
 def scaffold_local_steps(
-    ctx: Context,
-    cid: int,
+    env: ClientEnv,
     global_weights: Mapping[str, torch.Tensor],
     c_global: Mapping[str, torch.Tensor],
     c_local: Mapping[str, torch.Tensor] | None = None,
@@ -127,46 +138,45 @@ def scaffold_local_steps(
     steps: int | None = None,
     slot: int | str = 0,
 ) -> ScaffoldStep:
-    """SCAFFOLD's client step (Algorithm 1 lines 7-13, option II) on client ``cid``.
+    """SCAFFOLD's client step (Algorithm 1 lines 7-13, option II) on the client of ``env``.
 
     Starts from ``global_weights`` (x), runs K local steps of
     y <- y - lr * (grad loss_fn(y) + c_global - c_local [+ weight_decay * y]), no momentum,
     then sets c_local+ = c_local - c_global + (x - y) / (K * lr). K = ``steps`` if given, else
     epochs * ceil(n / batch_size) (whole epochs, the last batch of each possibly partial).
     ``c_local=None`` means zeros (a client's first participation). ``lr``, ``epochs``,
-    ``batch_size`` and ``weight_decay`` default to the config's ``train`` section.
+    ``batch_size`` and ``weight_decay`` default to the run's training settings.
 
-    Trains the reusable model ``ctx.model(ctx.arch(cid), slot)``, which holds y afterwards (a
-    later stage can continue from it, as ScaMAP's stage B does), and draws the batch order from
-    torch's global RNG: the same draws as FedAvg's client step.
+    Trains the reusable model ``env.model(slot)``, which holds y afterwards (a later stage can
+    continue from it, as ScaMAP's stage B does), and draws the batch order from torch's global
+    RNG: the same draws as FedAvg's client step.
     """
-    t = ctx.cfg.train
+    t = env.run.train
     lr = t.lr if lr is None else lr
     epochs = t.local_epochs if epochs is None else epochs
     batch_size = t.batch_size if batch_size is None else batch_size
     weight_decay = t.weight_decay if weight_decay is None else weight_decay
-    n = len(ctx.client(cid).train_y)
+    n = env.num_train
     if steps is None:
         steps = epochs * steps_per_epoch(n, batch_size)
     if n == 0:
         steps = 0  # no data: no step, no control change
 
-    model = ctx.model(ctx.arch(cid), slot)
+    model = env.model(slot)
     set_weights(model, global_weights)
     params = dict(model.named_parameters())
     if c_local is None:
         c_local = {k: torch.zeros_like(p) for k, p in params.items()}
     correction = [(p, (c_global[k] - c_local[k]).detach()) for k, p in params.items()]
-    loss = ctx.train(
+    loss = env.train(
         model,
-        cid,
         steps=steps,
         batch_size=batch_size,
         lr=lr,
         momentum=0.0,
         weight_decay=weight_decay,
         loss_fn=loss_fn,
-        grad_shift=correction,
+        grad_hooks=[shift_grad(correction)],  # after train.grad_clip's clipping, if set
     )
     y = get_weights(model)
     delta_y = {k: y[k] - global_weights[k] for k in y}
@@ -177,6 +187,30 @@ def scaffold_local_steps(
         delta_c = {k: -delta_y[k] / (steps * lr) - c_global[k] for k in c_local}
     new_c = {k: c_local[k] + delta_c[k] for k in c_local}
     return ScaffoldStep(y, new_c, delta_y, delta_c, loss)
+
+
+def scaffold_client_step(
+    env: ClientEnv,
+    payload: Payload,
+    state: State,
+    loss_fn: LossFn,
+    *,
+    local_weight_decay: bool = True,
+    steps: int | None = None,
+) -> tuple[ScaffoldStep, Upload]:
+    """The client's corrected steps from the download ``{weights, control}`` and its stored
+    ``control``, and the upload they produce ``{delta_y, delta_c, num_samples}``."""
+    step = scaffold_local_steps(
+        env,
+        payload["weights"],
+        payload["control"],
+        state.get("control"),
+        loss_fn=loss_fn,
+        steps=steps,
+        weight_decay=None if local_weight_decay else 0.0,
+    )
+    upload = {"delta_y": step.delta_y, "delta_c": step.delta_c, "num_samples": env.num_train}
+    return step, upload
 
 
 def scaffold_server_update(
@@ -209,85 +243,73 @@ def scaffold_server_update(
     return {**server, "weights": new_x, "control": new_c}
 
 
+class ScaffoldServerParams(Algorithm.Params):
+    """SCAFFOLD's server-side parameters (SCAFFOLD, ScaRS, ScaMAP)."""
+
+    eta_g: float = param(1.0, "paper (server learning rate)", gt=0)
+    control_scale: ControlScale = param("paper", "paper (|S|/N); code: the MAP code")
+    local_weight_decay: bool = param(True, "pflkit (false: the MAP code's optimizer)")
+
+
+def scaffold_aggregate(env: ServerEnv, server: State, uploads, p, weighting: Weighting) -> State:
+    """:func:`scaffold_server_update` with an algorithm's parameters ``p``."""
+    return scaffold_server_update(
+        server,
+        uploads,
+        p.eta_g,
+        env.num_clients,
+        control_scale=p.control_scale,
+        weighting=weighting,
+    )
+
+
 @register
 class Scaffold(Algorithm):
     name = "scaffold"
     description = "SCAFFOLD (Karimireddy et al. 2020): control variates correct client drift"
 
-    class Params(Algorithm.Params):
-        eta_g: float = Field(1.0, gt=0)  # server learning rate (paper: 1)
-        control_scale: ControlScale = "paper"  # "code": no |S|/N factor (MAP code)
-        weighting: Weighting = "uniform"  # of the model deltas (paper: uniform)
-        local_weight_decay: bool = True  # false: ignore train.weight_decay (MAP code)
-        personal: Literal["global", "local"] = "global"
+    class Params(ScaffoldServerParams):
+        weighting: Weighting = param("uniform", "paper (of the model deltas)")
+        personal: Literal["global", "local"] = param("global", "pflkit (the global model)")
 
-    def server_init(self) -> State:
-        return {"weights": self.ctx.init_weights(), "control": zero_control(self.ctx)}
+    def server_init(self, env: ServerEnv) -> State:
+        return scaffold_server_init(env)
 
-    def configure(self, server: State, cid: int, rnd: int, phase: str) -> Payload:
-        return {"weights": server["weights"], "control": server["control"]}
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+        return scaffold_payload(server)
 
-    def local_loss(self, cid: int) -> LossFn:
+    def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
         """The task loss of the local steps (ScaRS: restricted softmax)."""
         return cross_entropy
 
-    def corrected_steps(
-        self, cid: int, payload: Payload, state: State, steps: int | None = None
-    ) -> tuple[ScaffoldStep, Upload]:
-        """The client's SCAFFOLD steps on ``local_loss`` and the upload they produce (also
-        ScaMAP's stage A)."""
-        step = scaffold_local_steps(
-            self.ctx,
-            cid,
-            payload["weights"],
-            payload["control"],
-            state.get("control"),
-            loss_fn=self.local_loss(cid),
-            steps=steps,
-            weight_decay=None if self.params.local_weight_decay else 0.0,
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        step, upload = scaffold_client_step(
+            env,
+            payload,
+            state,
+            self.local_objective(env, payload),
+            local_weight_decay=self.params.local_weight_decay,
         )
-        n = len(self.ctx.client(cid).train_y)
-        return step, {"delta_y": step.delta_y, "delta_c": step.delta_c, "num_samples": n}
-
-    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
-        step, upload = self.corrected_steps(cid, payload, state)
         new_state = {**state, "control": step.control}
-        if self.keeps_local_model:
+        # the last local model y is read only for personal="local" and MAP's protocol
+        if self.params.personal == "local" or env.run.selected_eval:
             new_state["weights"] = step.weights
         return Update(upload, new_state, {"train_loss": step.loss})
 
-    def aggregate(self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str):
-        p = self.params
-        return scaffold_server_update(
-            server,
-            uploads,
-            p.eta_g,
-            self.ctx.data.num_clients,
-            control_scale=p.control_scale,
-            weighting=p.weighting,
-        )
+    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str):
+        return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
-    @property
-    def keeps_local_model(self) -> bool:
-        """Whether client state keeps the last local model y (it is read only for
-        ``personal="local"`` and for MAP's selected-clients evaluation)."""
-        return self.params.personal == "local" or self.ctx.cfg.eval.selected_clients
-
-    def personal_weights(self, server: State, cid: int, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
         return state.get("weights") if self.params.personal == "local" else None
 
-    def trained_weights(self, server: State, cid: int, upload: Upload, state: State):
+    def trained_weights(self, env: ClientEnv, view: Payload, upload: Upload, state: State):
         return state["weights"]  # y, after this round's local steps (the upload is a delta)
 
 
 @register
-class ScaRS(Scaffold):
+class ScaRS(RestrictedSoftmax, Scaffold):
     name = "scars"
     description = "ScaRS (MAP ablation): SCAFFOLD whose local loss is the restricted softmax"
 
     class Params(Scaffold.Params, RSParams):  # alpha (0.9), rs_mode ("hard"), min_samples (1)
         pass
-
-    def local_loss(self, cid: int) -> LossFn:
-        y = self.ctx.client(cid).train_y
-        return client_rs_loss(y, self.ctx.data.num_classes, self.params)

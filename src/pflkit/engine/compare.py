@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pflkit.algorithms.base import parse_params
+from pflkit.algorithms.base import parse_params, resolve_params
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import build_federated
 from pflkit.engine.runner import run_experiment
@@ -76,7 +76,7 @@ def run_compare(
         label = _label(algo)
         runs = []
         for seed in seeds:
-            run_cfg = cfg.model_copy(update={"algorithm": algo, "seed": seed})
+            run_cfg = cfg.model_copy(update={"algorithm": resolve_params(algo), "seed": seed})
             res = run_experiment(
                 run_cfg, out=out / f"{label}-s{seed}", data=data, progress=progress
             )

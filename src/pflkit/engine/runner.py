@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,13 +23,14 @@ from typing import Any
 
 from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, validate
 from pflkit.data.federated import FederatedDataset
+from pflkit.engine.clients import ClientRunner
 from pflkit.engine.simulation import Simulation
 from pflkit.errors import PflkitError
 from pflkit.report.summary import read_metrics, summarize
 
 CHECKPOINT = Path("checkpoints") / "latest.pt"
 # settings that may change when a run is resumed (everything else must stay as it was)
-RESUMABLE = ("train.rounds", "eval.", "output.")
+RESUMABLE = ("train.rounds", "eval.", "output.", "engine.")
 
 
 @dataclass
@@ -122,11 +122,11 @@ def run_experiment(
     overrides: list[str] | None = None,
     data: FederatedDataset | None = None,
     progress: bool | None = None,
-    engine: Callable[[ExperimentConfig], Simulation] | None = None,
+    runner: ClientRunner | None = None,
 ) -> RunResult:
-    """Run ``cfg`` into a new run folder, or continue the run in ``resume``. ``engine`` builds
-    the round loop (default: the embedded :class:`Simulation`; :mod:`pflkit.flower` passes
-    its Flower one)."""
+    """Run ``cfg`` into a new run folder, or continue the run in ``resume``. ``runner`` runs
+    the client work (default: what ``engine.workers`` asks for; :mod:`pflkit.flower` passes
+    its Flower runner)."""
     if resume is not None:
         run_dir = Path(resume)
         cfg = resume_config(run_dir, overrides or [])
@@ -134,11 +134,20 @@ def run_experiment(
         assert cfg is not None, "give a config or a run folder to resume"
         run_dir = new_run_dir(cfg, out)
     # validates and builds everything before anything is written
-    sim = engine(cfg) if engine else Simulation(cfg, data)
+    sim = Simulation(cfg, data, runner)
+    try:
+        return _run(sim, cfg, run_dir, resume is not None, progress)
+    finally:
+        sim.close()
 
+
+def _run(
+    sim: Simulation, cfg: ExperimentConfig, run_dir: Path, resume: bool, progress: bool | None
+) -> RunResult:
+    """The round loop of ``sim`` into ``run_dir``, with progress and checkpoints."""
     rows: list[dict[str, Any]] = []
     metrics_path = run_dir / "metrics.jsonl"
-    if resume is not None:
+    if resume:
         sim.restore(run_dir / CHECKPOINT)
         rows = (
             [r for r in read_metrics(metrics_path) if r["round"] <= sim.round]

@@ -1,46 +1,41 @@
-"""The embedded simulation engine: the one round loop over the algorithm contract.
+"""The simulation engine: the one round loop over the algorithm contract.
 
 Per round ``r`` (1-based):
 
 1. sample the clients of round ``r`` (:func:`sample_clients`, which depends only on the seed,
    the round and the client count: every algorithm sees the same sequence);
-2. for each phase of the algorithm, for each selected client: ``configure`` its payload, seed
-   torch from (seed, round, phase, client), run ``client_update``, count the bytes of payload
-   and upload, then ``aggregate``;
-3. evaluate on the schedule (``eval.every`` and always the last round);
-4. append one line to ``metrics.jsonl``; checkpoint every ``output.checkpoint_every`` rounds.
+2. for each phase of the algorithm: ``configure`` each selected client's payload, hand the
+   payloads to the client runner (:mod:`pflkit.engine.clients`: in-process, process pool or
+   Flower), count the bytes of payloads and uploads, then ``aggregate`` (torch seeded from
+   (seed, round, phase));
+3. evaluate on the schedule (``eval.every`` and always the last round): the global model on the
+   global test set here, and every client's personalized model through the runner, from the
+   view ``eval_view`` gives it; clients whose personalized model is the global model are
+   scored in one batched pass;
+4. return one metrics row (the run loop appends it to ``metrics.jsonl`` and checkpoints).
 
-The client side of steps 2 and 3 (``train_clients``, ``personal_accuracies``,
-``selected_accuracies``) is what :mod:`pflkit.flower` overrides to run on SuperNodes; a client
-whose work fails there is listed in ``failed_clients`` and left out of that round's aggregate.
-
-Because every random draw is seeded from (seed, round, phase, client), a run resumed from a
-checkpoint continues exactly as the uninterrupted run would have.
+A client whose work fails (Flower) is listed in ``failed_clients`` and left out of that round's
+aggregate. Because every random draw is seeded from (seed, round, phase, client), a run resumed
+from a checkpoint continues exactly as the uninterrupted run would have, whichever runner runs
+the clients.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pflkit.algorithms import Context, build_algorithm
-from pflkit.algorithms.base import Payload, State, Upload, nbytes, parse_params
+from pflkit.algorithms import build_algorithm, make_envs
+from pflkit.algorithms.base import State, Upload, nbytes, parse_params
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
-from pflkit.eval import (
-    global_metrics,
-    personal_accuracies,
-    personal_metrics,
-    selected_accuracy,
-)
-
-Progress = Callable[[int, dict[str, Any]], None]
+from pflkit.engine.clients import ClientRunner, init_client, make_runner, seed_torch
+from pflkit.eval import global_metrics, global_pass, personal_metrics
 
 
 def sample_clients(seed: int, rnd: int, num_clients: int, fraction: float) -> list[int]:
@@ -52,41 +47,56 @@ def sample_clients(seed: int, rnd: int, num_clients: int, fraction: float) -> li
     return sorted(int(c) for c in rng.choice(num_clients, m, replace=False))
 
 
-def seed_torch(*keys: int) -> None:
-    """Seed torch's global RNG from a tuple of integers (independent streams per tuple)."""
-    torch.manual_seed(int(np.random.SeedSequence(list(keys)).generate_state(1)[0]))
-
-
 class Simulation:
     """One run of one algorithm on one federated dataset.
 
-    Construct it (validates everything, builds data, model and algorithm), then call
-    :meth:`run`. Nothing is written to disk until :meth:`run` is called, so a bad config never
-    leaves a half-written run folder.
+    Construct it (validates everything, builds data, environments and algorithm), then call
+    :meth:`run_round` per round, and :meth:`close` at the end (or use it as a context manager).
+    ``runner`` runs the client work (default: the one ``engine.workers`` asks for). Nothing is
+    written to disk here, so a bad config never leaves a half-written run folder.
     """
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedDataset | None = None):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        data: FederatedDataset | None = None,
+        runner: ClientRunner | None = None,
+    ):
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         parse_params(cfg.algorithm)  # fail on bad parameters before the (slow) data load
         self.data = data if data is not None else build_federated(cfg.data)
-        self.ctx = Context(cfg, self.data, torch.device(cfg.device))
-        self.algo = build_algorithm(self.ctx)
+        self.senv, self.envs = make_envs(cfg, self.data)
+        self.algo = build_algorithm(cfg.algorithm)
+        self.algo.check(self.senv)
         seed_torch(cfg.seed, 0, 0xD0)
-        self.server: State = self.algo.server_init()
+        self.server: State = self.algo.server_init(self.senv)
         self.clients: dict[int, State] = {}
         self.round = 0
+        self.runner = runner if runner is not None else make_runner(cfg)
+        self.runner.start(self)
 
-    # -- client state store ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the runner's workers (if any)."""
+        self.runner.close()
+
+    def __enter__(self) -> Simulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- client state store (in-process and process-pool runners) ---------------------------------
     def client_state(self, cid: int) -> State:
         if cid not in self.clients:
-            seed_torch(self.cfg.seed, 0, 0xC1, cid)
-            self.clients[cid] = self.algo.client_init(cid)
+            self.clients[cid] = init_client(self.algo, self.envs[cid], self.cfg.seed)
         return self.clients[cid]
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: Path) -> None:
+        if not self.runner.keeps_state:  # client state lives elsewhere (Flower nodes)
+            return
         save_checkpoint(path, {"round": self.round, "server": self.server, "clients": self.clients})
 
     def restore(self, path: Path) -> None:
@@ -95,7 +105,7 @@ class Simulation:
 
     # -- the round loop ----------------------------------------------------------------------------
     def run_round(self, rnd: int) -> dict[str, Any]:
-        cfg, algo = self.cfg, self.algo
+        cfg, algo, senv = self.cfg, self.algo, self.senv
         t0 = time.perf_counter()
         selected = sample_clients(cfg.seed, rnd, self.data.num_clients, cfg.train.client_fraction)
         down = dict.fromkeys(selected, 0)
@@ -105,13 +115,13 @@ class Simulation:
         uploads: dict[int, Upload] = {}
         for p, phase in enumerate(algo.phases(rnd)):
             payloads = {
-                cid: algo.configure(self.server, cid, rnd, phase)
+                cid: algo.configure(senv, self.server, cid, rnd, phase)
                 for cid in selected
                 if cid not in failed
             }
             for cid, payload in payloads.items():
                 down[cid] += nbytes(payload)
-            results = self.train_clients(rnd, p, phase, payloads)
+            results = self.runner.train(rnd, p, phase, payloads)
             failed += [cid for cid in payloads if cid not in results]
             uploads = {cid: upload for cid, (upload, _) in results.items()}
             for cid, (upload, metrics) in results.items():
@@ -120,7 +130,7 @@ class Simulation:
                     losses.append(metrics["train_loss"])
             if uploads:  # nothing to aggregate when every client of the round failed
                 seed_torch(cfg.seed, rnd, p, 0xA6)
-                self.server = algo.aggregate(self.server, uploads, rnd, phase)
+                self.server = algo.aggregate(senv, self.server, uploads, rnd, phase)
         t1 = time.perf_counter()
         row: dict[str, Any] = {"round": rnd, "clients": selected}
         if failed:
@@ -130,17 +140,8 @@ class Simulation:
         row["bytes_down"] = [down[c] for c in selected]
         row["bytes_up"] = [up[c] for c in selected]
         if rnd % cfg.eval.every == 0 or rnd == cfg.train.rounds:
-            if cfg.eval.global_model:
-                row.update(global_metrics(algo, self.server, cfg.eval.batch_size))
-            acc = self.personal_accuracies(rnd)
-            counts = np.array([len(c.test_y) for c in self.data.clients], dtype=float)
-            row.update(personal_metrics(acc, self.data.num_clients, counts))
-            if cfg.eval.selected_clients and uploads:
-                sel = self.selected_accuracies(rnd, uploads)
-                row["pers_acc_selected"] = float(np.mean(list(sel.values())))
-            missing = sorted(set(range(self.data.num_clients)) - set(acc))
-            if missing:
-                row["eval_failed_clients"] = missing
+            row.update(self.evaluate(rnd, uploads))
+        row.update(self.runner.row_extras(row))
         t2 = time.perf_counter()
         # the only non-deterministic fields of a metrics row start with "seconds_"
         row["seconds_train"] = t1 - t0
@@ -148,45 +149,41 @@ class Simulation:
         self.round = rnd
         return row
 
-    # -- client work: the embedded engine runs it here; pflkit.flower sends it to SuperNodes -------
-    def train_clients(
-        self, rnd: int, p: int, phase: str, payloads: dict[int, Payload]
-    ) -> dict[int, tuple[Upload, dict[str, float]]]:
-        """Run ``client_update`` for each client of ``payloads``; return (upload, metrics) per
-        client (a client missing from the result failed)."""
-        out = {}
-        for cid, payload in payloads.items():
-            state = self.client_state(cid)
-            seed_torch(self.cfg.seed, rnd, p, cid)
-            upload, self.clients[cid], metrics = self.algo.client_update(
-                cid, payload, state, rnd, phase
+    def evaluate(self, rnd: int, uploads: dict[int, Upload]) -> dict[str, Any]:
+        """The evaluation fields of round ``rnd``'s row (``uploads``: the round's last ones)."""
+        cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
+        row: dict[str, Any] = {}
+        gw = algo.global_weights(senv, self.server)
+        if cfg.eval.global_model and gw is not None:
+            row.update(
+                global_metrics(senv.model(slot="eval_global"), gw, data, cfg.eval.batch_size)
             )
-            out[cid] = (upload, metrics)
-        return out
-
-    def personal_accuracies(self, rnd: int) -> dict[int, float]:
-        """Every client's personalized accuracy (torch seeded per client, see :func:`seed_eval`)."""
-        return personal_accuracies(
-            self.algo,
-            self.server,
-            self.client_state,
-            self.cfg.eval.batch_size,
-            lambda cid: seed_eval(self.cfg.seed, rnd, cid),
-        )
-
-    def selected_accuracies(self, rnd: int, uploads: dict[int, Upload]) -> dict[int, float]:
-        """MAP's protocol: each selected client's model right after its local training."""
-        out = {}
-        for cid, upload in uploads.items():
-            state = self.client_state(cid)
-            seed_eval(self.cfg.seed, rnd, cid, selected=True)
-            out[cid] = selected_accuracy(
-                self.algo, self.server, cid, upload, state, self.cfg.eval.batch_size
+        n = data.num_clients
+        views = {cid: algo.eval_view(senv, self.server, cid) for cid in range(n)}
+        acc = self.runner.evaluate(rnd, views)
+        uses_global = [cid for cid, a in acc.items() if a is None]
+        if uses_global:  # one batched pass of the global model over their test splits
+            if gw is None:
+                raise RuntimeError(
+                    f"{algo.name}: personal_weights returned None but there is no global model"
+                )
+            model = senv.model(slot="eval_global")
+            acc.update(
+                global_pass(
+                    model,
+                    gw,
+                    [data.clients[c] for c in uses_global],
+                    uses_global,
+                    cfg.eval.batch_size,
+                )
             )
-        return out
-
-
-def seed_eval(seed: int, rnd: int, cid: int, selected: bool = False) -> None:
-    """Seed torch before a client's evaluation (its personalized model may be trained first,
-    e.g. FedAvg-FT's fine-tuning), the same way in every engine."""
-    seed_torch(seed, rnd, 0xE5 if selected else 0xE7, cid)
+        counts = np.array([len(c.test_y) for c in data.clients], dtype=float)
+        row.update(personal_metrics({c: a for c, a in acc.items() if a is not None}, n, counts))
+        if cfg.eval.selected_clients and uploads:
+            views = {cid: algo.eval_view(senv, self.server, cid) for cid in uploads}
+            sel = self.runner.evaluate(rnd, views, uploads)
+            row["pers_acc_selected"] = float(np.mean(list(sel.values())))
+        missing = sorted(set(range(n)) - set(acc))
+        if missing:
+            row["eval_failed_clients"] = missing
+        return row

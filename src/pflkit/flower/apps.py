@@ -26,7 +26,7 @@ from pflkit.config import validate
 from pflkit.engine.runner import run_experiment
 from pflkit.errors import PflkitError
 from pflkit.flower.client import app as clientapp
-from pflkit.flower.server import FlowerSimulation
+from pflkit.flower.server import FlowerRunner
 
 log = logging.getLogger("pflkit.flower")
 serverapp = ServerApp()
@@ -37,18 +37,13 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     try:
         cfg = validate(yaml.safe_load(str(rc["config"])))
-        timeout = float(rc.get("round-timeout", 0)) or None
-
-        def engine(c):
-            return FlowerSimulation(
-                c,
-                grid,
-                node_wait=float(rc.get("node-wait", 60)),
-                round_timeout=timeout,
-                log=log.warning,
-            )
-
-        result = run_experiment(cfg, out=str(rc["out"]), progress=False, engine=engine)
+        runner = FlowerRunner(
+            grid,
+            node_wait=float(rc.get("node-wait", 60)),
+            round_timeout=float(rc.get("round-timeout", 0)) or None,
+            log=log.warning,
+        )
+        result = run_experiment(cfg, out=str(rc["out"]), progress=False, runner=runner)
     except PflkitError as e:
         log.error("error: %s", e)
         raise SystemExit(2) from None

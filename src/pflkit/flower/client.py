@@ -25,13 +25,11 @@ import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from pflkit.algorithms import Context as AlgoContext
-from pflkit.algorithms import build_algorithm
+from pflkit.algorithms import build_algorithm, make_envs
 from pflkit.config import validate
 from pflkit.data.federated import build_federated
-from pflkit.engine.simulation import seed_eval, seed_torch
+from pflkit.engine.clients import evaluate_client, init_client, train_client
 from pflkit.errors import PflkitError
-from pflkit.eval.evaluate import client_accuracy, personal_model, selected_accuracy
 from pflkit.flower import codec
 
 INFO = "pflkit"  # the ConfigRecord with config text, client id, round, phase
@@ -61,7 +59,9 @@ def hosted_clients(node_config: dict[str, Any]) -> list[int]:
 
 
 class Worker:
-    """Data, context and algorithm built from one config (cached per process)."""
+    """Data, client environments and algorithm built from one config (cached per process).
+    The node builds every client's environment from the config; it runs only the clients it
+    hosts."""
 
     _cache: dict[str, Worker] = {}
 
@@ -69,10 +69,8 @@ class Worker:
         self.cfg = validate(yaml.safe_load(text))
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
-        self.ctx = AlgoContext(
-            self.cfg, build_federated(self.cfg.data), torch.device(self.cfg.device)
-        )
-        self.algo = build_algorithm(self.ctx)
+        _, self.envs = make_envs(self.cfg, build_federated(self.cfg.data))
+        self.algo = build_algorithm(self.cfg.algorithm)
 
     @classmethod
     def get(cls, text: str) -> Worker:
@@ -86,8 +84,7 @@ class Worker:
         the embedded engine)."""
         state = codec.get(records, f"state.{cid}")
         if state is None:
-            seed_torch(self.cfg.seed, 0, 0xC1, cid)
-            state = self.algo.client_init(cid)
+            state = init_client(self.algo, self.envs[cid], self.cfg.seed)
             codec.put(records, f"state.{cid}", state)
         return state
 
@@ -116,8 +113,10 @@ def train(msg: Message, context: Context) -> Message:
     cid, rnd, p = int(info["cid"]), int(info["round"]), int(info["phase_index"])
     state = w.state(context.state, cid)
     payload = codec.get(msg.content, "payload")
-    seed_torch(w.cfg.seed, rnd, p, cid)
-    upload, state, metrics = w.algo.client_update(cid, payload, state, rnd, str(info["phase"]))
+    phase = str(info["phase"])
+    upload, state, metrics = train_client(
+        w.algo, w.envs[cid], w.cfg.seed, rnd, p, phase, payload, state
+    )
     codec.put(context.state, f"state.{cid}", state)
     rounds = codec.get(context.state, f"rounds.{cid}", 0) + (p == 0)
     codec.put(context.state, f"rounds.{cid}", rounds)
@@ -131,15 +130,11 @@ def evaluate(msg: Message, context: Context) -> Message:
     info, w = _open(msg)
     cid, rnd = int(info["cid"]), int(info["round"])
     view = codec.get(msg.content, "view")
-    batch = w.cfg.eval.batch_size
-    selected = info["mode"] == "selected"
     state = w.state(context.state, cid)
-    seed_eval(w.cfg.seed, rnd, cid, selected=selected)
-    if selected:
-        upload = codec.get(context.state, f"upload.{cid}")
-        acc = selected_accuracy(w.algo, view, cid, upload, state, batch)
-    else:
-        acc = client_accuracy(w.ctx, cid, personal_model(w.algo, view, cid, state), batch)
+    upload = codec.get(context.state, f"upload.{cid}") if info["mode"] == "selected" else None
+    acc = evaluate_client(
+        w.algo, w.envs[cid], w.cfg.seed, rnd, view, state, w.cfg.eval.batch_size, upload
+    )
     return _reply(msg, accuracy=acc)
 
 

@@ -1,9 +1,10 @@
-"""The ServerApp: pflkit's round loop, with the client work sent to SuperNodes.
+"""The ServerApp's client runner: pflkit's round loop, with the client work sent to SuperNodes.
 
-:class:`FlowerSimulation` is the embedded :class:`~pflkit.engine.simulation.Simulation` whose
-client side (training, evaluation) goes out as Flower messages, so sampling, seeding,
-aggregation, evaluation and the run folder are the embedded engine's own code, and a Flower
-run reproduces the embedded run of the same config and seed.
+:class:`FlowerRunner` is a :class:`~pflkit.engine.clients.ClientRunner`: the engine's own
+:class:`~pflkit.engine.simulation.Simulation` runs the round loop (sampling, seeding,
+aggregation, evaluation, the run folder) and hands the client side (training, evaluation) to
+this runner, which sends it out as Flower messages; the nodes run the same client functions as
+every other runner, so a Flower run reproduces the embedded run of the same config and seed.
 
 - **Node discovery.** The server asks every connected SuperNode which clients it hosts
   (``query``) until every client of the config has a node, or ``node-wait`` seconds pass.
@@ -24,40 +25,44 @@ from typing import Any
 from flwr.app import Message, RecordDict
 
 from pflkit.algorithms.base import Payload, Upload
-from pflkit.config import ExperimentConfig
-from pflkit.engine.simulation import Simulation
+from pflkit.engine.clients import ClientRunner
 from pflkit.errors import PflkitError
 from pflkit.flower import codec
 from pflkit.flower.client import INFO, info_record
 
 
-class FlowerSimulation(Simulation):
-    """The round loop of :class:`Simulation` with clients on Flower SuperNodes."""
+class FlowerRunner(ClientRunner):
+    """Client work on Flower SuperNodes (client state lives on the nodes)."""
+
+    keeps_state = False  # nothing to checkpoint here: a Flower run is not resumable
 
     def __init__(
         self,
-        cfg: ExperimentConfig,
         grid: Any,
         *,
         node_wait: float = 60.0,
         round_timeout: float | None = None,
         log=print,
     ):
-        super().__init__(cfg)
         self.grid = grid
+        self.node_wait = node_wait
         self.round_timeout = round_timeout
         self.log = log
-        self.config_text = cfg.to_yaml()
         self.node_of: dict[int, int] = {}
         self.dead: set[int] = set()
         self.failures: list[dict[str, Any]] = []
         self.state_rounds: dict[int, int] = {}
-        self.discover(node_wait)
+
+    def start(self, sim) -> None:
+        super().start(sim)
+        self.config_text = sim.cfg.to_yaml()
+        self.num_clients = sim.data.num_clients
+        self.discover(self.node_wait)
 
     # -- nodes -----------------------------------------------------------------------------
     def discover(self, wait: float) -> None:
         """Map every client to the SuperNode that hosts it."""
-        n = self.data.num_clients
+        n = self.num_clients
         asked: set[int] = set()
         deadline = time.monotonic() + wait
         while True:
@@ -145,7 +150,7 @@ class FlowerSimulation(Simulation):
         self.log(f"pflkit: round {rnd}: client {cid} failed ({kind}): {reason}")
 
     # -- the client side of the round loop -------------------------------------------------------
-    def train_clients(self, rnd: int, p: int, phase: str, payloads: dict[int, Payload]):
+    def train(self, rnd: int, p: int, phase: str, payloads: dict[int, Payload]):
         replies = self._send(
             "train",
             rnd,
@@ -159,32 +164,28 @@ class FlowerSimulation(Simulation):
             self.state_rounds[cid] = codec.get(content, "state_rounds")
         return out
 
-    def personal_accuracies(self, rnd: int) -> dict[int, float]:
-        jobs = {
-            c: {"view": self.algo.eval_payload(self.server, c)}
-            for c in range(self.data.num_clients)
-        }
-        replies = self._send("evaluate", rnd, jobs, mode="personal")
+    def evaluate(
+        self, rnd: int, views: dict[int, Payload], uploads: dict[int, Upload] | None = None
+    ):
+        """Each node scores its clients itself (a client whose personalized model is the
+        global model is scored with the view's global weights); MAP's protocol uses the
+        upload each node kept from the round's training."""
+        mode = "personal" if uploads is None else "selected"
+        jobs = {c: {"view": view} for c, view in views.items()}
+        replies = self._send("evaluate", rnd, jobs, mode=mode)
         return {cid: codec.get(content, "accuracy") for cid, content in replies.items()}
 
-    def selected_accuracies(self, rnd: int, uploads: dict[int, Upload]) -> dict[int, float]:
-        jobs = {c: {"view": self.algo.eval_payload(self.server, c)} for c in uploads}
-        replies = self._send("evaluate", rnd, jobs, mode="selected")
-        return {cid: codec.get(content, "accuracy") for cid, content in replies.items()}
-
-    def run_round(self, rnd: int) -> dict[str, Any]:
-        row = super().run_round(rnd)
+    def row_extras(self, row: dict[str, Any]) -> dict[str, Any]:
+        rnd = row["round"]
         shown = [f"{k} {row[k]:.4f}" for k in ("global_acc", "pers_acc_mean") if k in row]
-        self.log(f"pflkit: round {rnd}/{self.cfg.train.rounds} " + " ".join(shown))
+        self.log(f"pflkit: round {rnd}/{self.sim.cfg.train.rounds} " + " ".join(shown))
+        row = {}
         if self.failures:
             row["failures"], self.failures = self.failures, []
         # Flower only: how many rounds each trained client's state on its node has seen
         row["node_state_rounds"] = {str(c): n for c, n in sorted(self.state_rounds.items())}
         self.state_rounds = {}
         return row
-
-    def save(self, path) -> None:  # client state lives on the nodes: nothing to resume from
-        pass
 
 
 def short(ids: list[int]) -> str:

@@ -57,6 +57,20 @@ class PFLModel(nn.Module):
         """The body's output, flattened: ``[B, feature_dim]``."""
         return self.body(x)
 
+    def group_keys(self, name: str) -> list[str]:
+        """State-dict keys of the parameter group ``name``: ``"body"`` (feature extractor) or
+        ``"head"`` (classifier)."""
+        return [f"{name}.{k}" for k in self._group(name).state_dict()]
+
+    def group_params(self, name: str) -> list[nn.Parameter]:
+        """The trainable parameters of group ``name`` (``"body"`` or ``"head"``)."""
+        return list(self._group(name).parameters())
+
+    def _group(self, name: str) -> nn.Module:
+        if name not in ("body", "head"):
+            raise ValueError(f"unknown parameter group {name!r}: use 'body' or 'head'")
+        return self.body if name == "body" else self.head
+
     def extra_repr(self) -> str:
         return (
             f"name={self.name!r}, input_shape={self.input_shape}, "

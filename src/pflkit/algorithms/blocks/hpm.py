@@ -33,21 +33,22 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Context, State
-from pflkit.algorithms.training import LossFn, Weights, get_weights, set_weights
+from pflkit.algorithms.base import State, param
+from pflkit.algorithms.blocks.training import LossFn, Weights, get_weights, set_weights
+from pflkit.algorithms.env import ClientEnv
 
 
 class HPMParams(BaseModel):
-    lam: float = Field(0.01, ge=0, le=1)  # lambda of Eq. 13; MAP default (specs §3)
-    kt: Literal["kd", "mmd"] = "kd"
-    tau: float = Field(4.0, gt=0)  # KD temperature, fixed to 4 in the paper
-    mu: float = Field(0.9, ge=0, le=1)  # macro momentum
-    mu_schedule: Literal["paper", "code"] = "paper"
-    kd_form: Literal["paper", "code"] = "paper"
-    hpm_bn_recompute: bool = False
+    lam: float = param(0.01, "MAP §3 (lambda of Eq. 13)", ge=0, le=1)
+    kt: Literal["kd", "mmd"] = param("kd", "MAP §3 (Eq. 11)")
+    tau: float = param(4.0, "paper (KD temperature, fixed to 4)", gt=0)
+    mu: float = param(0.9, "MAP §3 (macro momentum)", ge=0, le=1)
+    mu_schedule: Literal["paper", "code"] = param("paper", "paper (Eq. 10); code: authors' code")
+    kd_form: Literal["paper", "code"] = param("paper", "paper (Eq. 11); code: authors' code")
+    hpm_bn_recompute: bool = param(False, "paper; true: authors' code")
 
 
 def hpm_momentum(z: int, q: float, t: int, mu: float = 0.9, schedule: str = "paper") -> float:
@@ -117,26 +118,24 @@ def recompute_bn(model: nn.Module, x: Tensor, batch_size: int) -> None:
 
 
 def personalize(
-    ctx: Context, model: nn.Module, cid: int, state: State, p: HPMParams, **train: object
+    env: ClientEnv, model: nn.Module, state: State, p: HPMParams, **train: object
 ) -> tuple[State, float]:
     """Fine-tune ``model`` (already holding the start weights) with KT from the client's HPM,
     then fold the result into the HPM. Returns the new client state and the mean loss."""
-    arch = ctx.arch(cid)
     hpm = state.get("hpm")
     if hpm is None:
-        loss = ctx.train(model, cid, **train)
+        loss = env.train(model, **train)
         new_hpm = get_weights(model)
     else:
-        teacher = ctx.model(arch, slot="hpm_teacher")
+        teacher = env.model(slot="hpm_teacher")
         set_weights(teacher, hpm)
-        loss = ctx.train(model, cid, loss_fn=kt_loss(teacher, p), **train)
+        loss = env.train(model, loss_fn=kt_loss(teacher, p), **train)
         z = state["selected"] + 1
-        cfg = ctx.cfg.train
-        m = hpm_momentum(z, cfg.client_fraction, cfg.rounds, p.mu, p.mu_schedule)
+        m = hpm_momentum(z, env.run.client_fraction, env.run.rounds, p.mu, p.mu_schedule)
         new_hpm = hpm_update(hpm, get_weights(model), m)
     if p.hpm_bn_recompute:
-        scratch = ctx.model(arch, slot="hpm_teacher")
+        scratch = env.model(slot="hpm_teacher")
         set_weights(scratch, new_hpm)
-        recompute_bn(scratch, ctx.client(cid).train_x, ctx.cfg.train.batch_size)
+        recompute_bn(scratch, env.data.train_x, env.run.train.batch_size)
         new_hpm = get_weights(scratch)
     return {"hpm": new_hpm, "selected": state.get("selected", 0) + 1}, loss

@@ -3,7 +3,7 @@ FedDF, pFedDF): soft predictions at temperature T on the public set, the distill
 loop, the simplex projection, and :class:`SoftTeacherKD`, the round structure that KT-pFL,
 FedMD, Sim-pFD and TopK-pFD share.
 
-The public set is ``ctx.data.public_x`` (``data.public`` in the config). Its labels are never
+The public set is ``env.public_x`` (``data.public`` in the config). Its labels are never
 used. Soft predictions are always taken in eval mode (BN and dropout frozen) and the student is
 trained in train mode (specs/ktpfl.md §8.16).
 
@@ -44,24 +44,30 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Algorithm, Context, Payload, State, Update, Upload
-from pflkit.algorithms.training import get_weights, local_sgd, predict, set_weights
+from pflkit.algorithms.base import Algorithm, Payload, State, Update, Upload, param
+from pflkit.algorithms.blocks.training import get_weights, local_sgd, predict, set_weights
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.config import TrainConfig
 from pflkit.errors import PflkitError
 
 PUBLIC_FIX = "set data.public: {dataset: mnist5k, size: 3000}"
 
 
-def require_public(ctx: Context, algorithm: str) -> Tensor:
-    """The public set, or a one-sentence error saying how to configure it."""
-    if ctx.data.public_x is None:
+def require_public(env: ServerEnv, algorithm: str, per_round: int | None = None) -> None:
+    """Refuse a run without a public set, or with ``per_round`` above its size, in one
+    sentence that says how to fix it."""
+    if env.public_x is None:
         raise PflkitError(
             f"algorithm '{algorithm}' distils on a public set but none is configured: "
             f"{PUBLIC_FIX} (a public set with the task's classes and input shape)"
         )
-    return ctx.data.public_x
+    if per_round is not None and per_round > len(env.public_x):
+        raise PflkitError(
+            f"algorithm '{algorithm}': public_per_round {per_round} exceeds the "
+            f"public set's {len(env.public_x)} samples: lower it or raise data.public.size"
+        )
 
 
 def soft_predictions(model: nn.Module, x: Tensor, temperature: float) -> Tensor:
@@ -154,85 +160,72 @@ class SoftTeacherKD(Algorithm):
     default_order: str = "train_then_distill"
 
     class Params(Algorithm.Params):
-        temperature: float = Field(1.0, gt=0)
-        distill_epochs: int = Field(1, gt=0)  # R
-        distill_lr: float | None = Field(None, gt=0)  # eta_2; None: train.lr
-        distill_batch_size: int = Field(256, gt=0)
-        kd_loss: Literal["kl", "kl_t2", "kl_mean"] = "kl"
-        order: Literal["train_then_distill", "distill_then_train"] | None = None
-        local_epoch_schedule: Literal["fixed", "ramp"] = "fixed"
-        public_per_round: int | None = Field(None, gt=0)  # None: the whole public set
+        temperature: float = param(1.0, "FedMD / KT-pFL code engines", gt=0)
+        distill_epochs: int = param(1, "KT-pFL §4 (R = 1)", gt=0)
+        distill_lr: float | None = param(None, "KT-pFL §4 (eta_2 = eta_1; None: train.lr)", gt=0)
+        distill_batch_size: int = param(256, "KT-pFL code", gt=0)
+        kd_loss: Literal["kl", "kl_t2", "kl_mean"] = param("kl", "KT-pFL eq. 6; kl_mean: code")
+        order: Literal["train_then_distill", "distill_then_train"] | None = param(
+            None, "the algorithm's paper (None: its default order)"
+        )
+        local_epoch_schedule: Literal["fixed", "ramp"] = param("fixed", "paper; ramp: KT-pFL code")
+        public_per_round: int | None = param(None, "paper (None: the whole public set)", gt=0)
 
-    def __init__(self, ctx: Context, params: Params):
-        super().__init__(ctx, params)
-        self.public = require_public(ctx, self.name)
-        p = self.params
-        if p.public_per_round is not None and p.public_per_round > len(self.public):
-            raise PflkitError(
-                f"algorithm '{self.name}': public_per_round {p.public_per_round} exceeds the "
-                f"public set's {len(self.public)} samples: lower it or raise data.public.size"
-            )
-        self.order = p.order or self.default_order
-        self.num_clients = ctx.data.num_clients
+    @property
+    def order(self) -> str:
+        return self.params.order or self.default_order
+
+    def check(self, env: ServerEnv) -> None:
+        require_public(env, self.name, self.params.public_per_round)
 
     # -- round structure -------------------------------------------------------------------------
     def phases(self, rnd: int):
         return ("share", "distill")
 
-    def local_epochs(self, rnd: int) -> int:
-        e = self.ctx.cfg.train.local_epochs
+    def local_epochs(self, env: ClientEnv, rnd: int) -> int:
+        e = env.run.train.local_epochs
         return min(rnd, e) if self.params.local_epoch_schedule == "ramp" else e
 
-    def public_indices(self, rnd: int) -> Tensor | None:
-        k = self.params.public_per_round
-        if k is None:
-            return None
-        return round_indices(self.ctx.cfg.seed, rnd, len(self.public), k)
-
     # -- state -------------------------------------------------------------------------------------
-    def server_init(self) -> State:
-        n = self.num_clients
+    def server_init(self, env: ServerEnv) -> State:
+        n = env.num_clients
         return {"c": torch.full((n, n), 1.0 / n, dtype=torch.float64)}
 
-    def client_init(self, cid: int) -> State:
-        return {"weights": self.ctx.init_weights(self.ctx.arch(cid))}
+    def client_init(self, env: ClientEnv) -> State:
+        return {"weights": env.init_weights()}
 
     # -- one exchange ------------------------------------------------------------------------------
-    def configure(self, server: State, cid: int, rnd: int, phase: str) -> Payload:
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         if phase == "share":
-            idx = self.public_indices(rnd)
+            idx = public_indices(env, rnd, self.params.public_per_round)
             return {} if idx is None else {"public_idx": idx}
         return {"teacher": server["teachers"][cid].clone()}
 
-    def _public_x(self, state: State) -> Tensor:
-        idx = state.get("public_idx")
-        return self.public if idx is None else self.public[idx]
+    def _train_private(self, env: ClientEnv, model: nn.Module, rnd: int) -> float:
+        return env.train(model, epochs=self.local_epochs(env, rnd))
 
-    def _train_private(self, model: nn.Module, cid: int, rnd: int) -> float:
-        return self.ctx.train(model, cid, epochs=self.local_epochs(rnd))
-
-    def _distill(self, model: nn.Module, x: Tensor, teacher: Tensor) -> float:
-        return distill_configured(self.ctx, self.params, model, x, teacher)
-
-    def client_update(self, cid: int, payload: Payload, state: State, rnd: int, phase: str):
-        model = self.ctx.model(self.ctx.arch(cid))
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        model = env.model()
         set_weights(model, state["weights"])
         metrics: dict[str, float] = {}
         new_state = dict(state)
         if phase == "share":
             new_state["public_idx"] = payload.get("public_idx")
             if self.order == "train_then_distill":
-                metrics["train_loss"] = self._train_private(model, cid, rnd)
-            x = self._public_x(new_state)
+                metrics["train_loss"] = self._train_private(env, model, rnd)
+            x = public_subset(env, new_state.get("public_idx"))
             upload: Upload = {
                 "soft": soft_predictions(model, x, self.params.temperature),
-                "num_samples": len(self.ctx.client(cid).train_y),
+                "num_samples": env.num_train,
             }
         else:
-            x = self._public_x(state)
-            metrics["distill_loss"] = self._distill(model, x, payload["teacher"])
+            x = public_subset(env, state.get("public_idx"))
+            teacher = payload["teacher"]
+            metrics["distill_loss"] = distill_configured(
+                env.run.train, self.params, model, x, teacher
+            )
             if self.order == "distill_then_train":
-                metrics["train_loss"] = self._train_private(model, cid, rnd)
+                metrics["train_loss"] = self._train_private(env, model, rnd)
             upload = self.distill_upload(model, x)
         if new_state.get("public_idx") is None:
             new_state.pop("public_idx", None)
@@ -243,7 +236,7 @@ class SoftTeacherKD(Algorithm):
         """What a client sends after distilling (nothing, unless KT-pFL re-uploads)."""
         return {}
 
-    def aggregate(self, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str):
+    def aggregate(self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd, phase):
         server = dict(server)
         active = sorted(uploads)
         if phase == "share":
@@ -274,10 +267,10 @@ class SoftTeacherKD(Algorithm):
         return server
 
     # -- evaluation ---------------------------------------------------------------------------------
-    def global_weights(self, server: State):
+    def global_weights(self, env: ServerEnv, server: State):
         return None  # every client keeps its own (possibly unique) architecture
 
-    def personal_weights(self, server: State, cid: int, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
         return state["weights"]
 
 
@@ -288,11 +281,22 @@ def restrict(c: Tensor, active: Tensor) -> Tensor:
     return torch.where(mass > 0, sub / mass.clamp_min(1e-300), 1.0 / len(active))
 
 
-def distill_configured(ctx: Context, p, model: nn.Module, x: Tensor, teacher: Tensor) -> float:
+def public_indices(env: ServerEnv, rnd: int, per_round: int | None) -> Tensor | None:
+    """The public subset of round ``rnd`` (None: the whole public set)."""
+    if per_round is None:
+        return None
+    return round_indices(env.run.seed, rnd, len(env.public_x), per_round)
+
+
+def public_subset(env: ClientEnv, idx: Tensor | None) -> Tensor:
+    """The public samples ``idx`` (None: all of them)."""
+    return env.public_x if idx is None else env.public_x[idx]
+
+
+def distill_configured(t: TrainConfig, p, model: nn.Module, x: Tensor, teacher: Tensor) -> float:
     """:func:`distill` with an algorithm's distillation parameters (``distill_epochs``,
-    ``distill_batch_size``, ``distill_lr``, ``temperature``, ``kd_loss``) and the config's
-    optimiser settings (learning rate by default, momentum, weight decay)."""
-    t = ctx.cfg.train
+    ``distill_batch_size``, ``distill_lr``, ``temperature``, ``kd_loss``) and the run's
+    optimiser settings ``t`` (learning rate by default, momentum, weight decay)."""
     return distill(
         model,
         x,

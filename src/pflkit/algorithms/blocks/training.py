@@ -7,7 +7,7 @@ so the loop costs what a hand-written PyTorch loop costs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 Weights = dict[str, Tensor]
 LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
+GradHook = Callable[[list[Tensor]], None]  # edits the optimised tensors' .grad in place
 
 
 def get_weights(model: nn.Module) -> Weights:
@@ -34,9 +35,11 @@ def set_weights(model: nn.Module, weights: Mapping[str, Tensor], strict: bool = 
         state[k].copy_(v)
 
 
-def select(weights: Mapping[str, Tensor], prefix: str) -> Weights:
-    """The entries whose name starts with ``prefix`` (e.g. ``"body."`` or ``"head."``)."""
-    return {k: v for k, v in weights.items() if k.startswith(prefix)}
+def group(model: nn.Module, weights: Mapping[str, Tensor], name: str) -> Weights:
+    """The entries of ``weights`` in the model's parameter group ``name`` (``"body"`` or
+    ``"head"``), as the model names them (:meth:`~pflkit.models.PFLModel.group_keys`)."""
+    keys = model.group_keys(name)
+    return {k: weights[k] for k in keys}
 
 
 def cross_entropy(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
@@ -56,29 +59,23 @@ def local_sgd(
     loss_fn: LossFn = cross_entropy,
     params: Iterable[Tensor] | None = None,
     steps: int | None = None,
-    grad_clip: float | None = None,
-    grad_shift: Iterable[tuple[Tensor, Tensor]] = (),
+    grad_hooks: Sequence[GradHook] = (),
 ) -> float:
     """Train ``model`` in place with mini-batch SGD; return the mean training loss.
 
-    Each epoch visits every sample once in a fresh random order drawn from torch's global RNG
-    (the engine seeds it per client and round, which makes runs reproducible and resumable).
-    ``steps``, when given, replaces ``epochs``: exactly that many mini-batch steps, cycling
-    through fresh permutations (MAP's stage lengths are counted in steps).
-    ``params`` restricts which tensors are optimised (default: all parameters).
-    ``grad_clip`` clips each step's gradient to that global L2 norm (``train.grad_clip``);
-    ``grad_shift`` pairs (parameter, d) add a constant d to that parameter's gradient after
-    clipping (SCAFFOLD's drift correction c - c_i).
+    The local objective is ``loss_fn(model, x_batch, y_batch)``. Each epoch visits every
+    sample once in a fresh random order drawn from torch's global RNG (the engine seeds it per
+    client and round, which makes runs reproducible and resumable). ``steps``, when given,
+    replaces ``epochs``: exactly that many mini-batch steps, cycling through fresh permutations
+    (MAP's stage lengths are counted in steps). ``params`` restricts which tensors are
+    optimised (default: all parameters; :meth:`PFLModel.group_params` names the body and head).
+    ``grad_hooks`` run in order after each backward pass and before the optimiser step, each
+    editing the gradients of ``params`` in place: :func:`clip_grad`, :func:`shift_grad`,
+    :func:`proximal_pull`.
     """
     model.train()
     params = list(model.parameters() if params is None else params)
-    grad_shift = list(grad_shift)
-    opt = torch.optim.SGD(
-        params,
-        lr=lr,
-        momentum=momentum,
-        weight_decay=weight_decay,
-    )
+    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     n = len(y)
     if steps is None:
         steps = epochs * steps_per_epoch(n, batch_size)
@@ -93,14 +90,49 @@ def local_sgd(
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, x[idx], y[idx])
             loss.backward()
-            if grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            for p, d in grad_shift:
-                p.grad.add_(d)
+            for hook in grad_hooks:
+                hook(params)
             opt.step()
             total += loss.detach()
             done += 1
     return float(total) / max(done, 1)
+
+
+# -- gradient hooks (composable: local_sgd applies them in the order given) ----------------------
+
+
+def clip_grad(max_norm: float) -> GradHook:
+    """Clip the gradient of all optimised tensors to global L2 norm ``max_norm``
+    (``train.grad_clip``)."""
+
+    def hook(params: list[Tensor]) -> None:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    return hook
+
+
+def shift_grad(shifts: Sequence[tuple[Tensor, Tensor]]) -> GradHook:
+    """Add a constant ``d`` to the gradient of each ``(parameter, d)`` pair (SCAFFOLD's drift
+    correction c - c_i)."""
+    shifts = list(shifts)
+
+    def hook(params: list[Tensor]) -> None:
+        for p, d in shifts:
+            p.grad.add_(d)
+
+    return hook
+
+
+def proximal_pull(anchors: Sequence[tuple[Tensor, Tensor]], mu: float) -> GradHook:
+    """Add ``mu * (p - anchor)`` to each ``(parameter, anchor)`` pair's gradient: the gradient
+    of ``(mu / 2) ||p - anchor||^2`` without adding the term to the reported loss."""
+    anchors = list(anchors)
+
+    def hook(params: list[Tensor]) -> None:
+        for p, a in anchors:
+            p.grad.add_(p.detach() - a, alpha=mu)
+
+    return hook
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:

@@ -20,6 +20,9 @@ Scale rules (``mode``):
 
 The scale multiplies the whole logit (w_c^T h + b_c). MAP's models have bias-free heads, where
 this is exactly Eq. 8; for a head with a bias it scales the bias too (as fluke does).
+
+:class:`RestrictedSoftmax` is the one piece that turns an algorithm's local objective into RS:
+FedRS = RS + FedAvg, ScaRS = RS + SCAFFOLD, DittoRS = RS + Ditto's global branch.
 """
 
 from __future__ import annotations
@@ -28,18 +31,20 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from torch import Tensor
 
-from pflkit.algorithms.training import LossFn
+from pflkit.algorithms.base import param
+from pflkit.algorithms.blocks.training import LossFn
+from pflkit.algorithms.env import ClientEnv
 
 RSMode = Literal["hard", "soft", "complete"]
 
 
 class RSParams(BaseModel):
-    alpha: float = Field(0.9, ge=0, le=1)  # scale of missing classes; MAP default (specs §3)
-    rs_mode: RSMode = "hard"
-    min_samples: int = Field(1, ge=1)  # a class with fewer local samples counts as missing
+    alpha: float = param(0.9, "MAP §3 (scale of missing classes)", ge=0, le=1)
+    rs_mode: RSMode = param("hard", "paper (MAP Eq. 8)")
+    min_samples: int = param(1, "paper (observed = at least one sample)", ge=1)
 
 
 def class_counts(y: Tensor, num_classes: int) -> Tensor:
@@ -69,3 +74,13 @@ def rs_loss(scale: Tensor) -> LossFn:
 def client_rs_loss(y: Tensor, num_classes: int, p: RSParams) -> LossFn:
     """The RS loss of a client whose training labels are ``y``."""
     return rs_loss(rs_scale(class_counts(y, num_classes), p.alpha, p.rs_mode, p.min_samples))
+
+
+class RestrictedSoftmax:
+    """Mixin placed before an algorithm class: its local objective (``local_objective``)
+    becomes the client's RS loss. The algorithm's Params must include :class:`RSParams`."""
+
+    params: RSParams
+
+    def local_objective(self, env: ClientEnv, payload) -> LossFn:
+        return client_rs_loss(env.data.train_y, env.num_classes, self.params)

@@ -1,0 +1,197 @@
+"""What an algorithm may see: a :class:`ClientEnv` on the client side, a :class:`ServerEnv` on
+the server side. The engine builds them (:func:`make_envs`); an algorithm object itself holds
+only its validated parameters.
+
+- A **client environment** is one client's world: its own train/test tensors and class counts,
+  the public set (when the run configures one), a model pool for its architecture, the resolved
+  training settings, the run facts an algorithm legitimately needs (rounds, participation rate,
+  whether MAP's selected-clients protocol will score its trained model) and :meth:`train`.
+  Nothing in it reaches another client's data or the server state: those arrive only in a
+  payload.
+- A **server environment** holds what a server may know: the number of clients, each client's
+  architecture and training-sample count, the number of classes, the public set, a model pool
+  and the same settings. No client's samples.
+
+Model pools hand out one reusable model instance per (architecture, slot): load weights into
+it in place (:func:`~pflkit.algorithms.blocks.training.set_weights`) rather than building
+models per client per round.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pflkit.algorithms.blocks.training import Weights, clip_grad, get_weights, local_sgd
+from pflkit.config import ExperimentConfig, ModelConfig, TrainConfig
+from pflkit.data.federated import ClientData, FederatedDataset
+from pflkit.models import PFLModel, build_model
+
+
+class ModelPool:
+    """Builds models by architecture key and keeps one reusable instance per (arch, slot)."""
+
+    def __init__(
+        self,
+        specs: dict[str, tuple[str, dict[str, Any]]],
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        device: torch.device,
+    ):
+        self.specs = specs
+        self.input_shape = input_shape
+        self.num_classes = num_classes
+        self.device = device
+        self._models: dict[tuple[str, int | str], PFLModel] = {}
+
+    def model(self, arch: str, slot: int | str = 0) -> PFLModel:
+        """The reusable instance of ``arch`` in ``slot`` (its values are to be overwritten)."""
+        key = (arch, slot)
+        if key not in self._models:
+            # building it must not consume the RNG stream of the step that happens to ask first
+            with torch.random.fork_rng(devices=[]):
+                self._models[key] = self.new_model(arch)
+        return self._models[key]
+
+    def new_model(self, arch: str) -> PFLModel:
+        """A freshly initialised model (draws from torch's global RNG, seeded by the engine)."""
+        name, options = self.specs[arch]
+        return build_model(name, self.input_shape, self.num_classes, **options).to(self.device)
+
+    def init_weights(self, arch: str) -> Weights:
+        return get_weights(self.new_model(arch))
+
+
+@dataclass
+class RunFacts:
+    """Settings of the run that algorithms may read (never the whole config)."""
+
+    train: TrainConfig  # resolved local-training settings
+    rounds: int
+    client_fraction: float
+    seed: int
+    selected_eval: bool  # MAP's protocol will score each selected client's trained model
+
+
+@dataclass
+class ClientEnv:
+    """One client's environment (see the module docstring)."""
+
+    cid: int
+    data: ClientData
+    num_classes: int
+    arch: str
+    models: ModelPool
+    run: RunFacts
+    public_x: Tensor | None = None
+
+    @property
+    def num_train(self) -> int:
+        return len(self.data.train_y)
+
+    def class_counts(self) -> Tensor:
+        """Training samples per class, ``[num_classes]`` floats."""
+        return torch.bincount(self.data.train_y, minlength=self.num_classes).float()
+
+    def model(self, slot: int | str = 0) -> PFLModel:
+        return self.models.model(self.arch, slot)
+
+    def init_weights(self) -> Weights:
+        return self.models.init_weights(self.arch)
+
+    def train(self, model: nn.Module, **overrides: Any) -> float:
+        """Local SGD on this client's training split with the run's optimiser settings;
+        ``overrides`` replace any of local_sgd's keyword arguments (epochs, lr, loss_fn, ...).
+        ``grad_hooks`` given here run after ``train.grad_clip``'s clipping, when it is set."""
+        t = self.run.train
+        hooks = [clip_grad(t.grad_clip)] if t.grad_clip is not None else []
+        hooks += list(overrides.pop("grad_hooks", ()))
+        kwargs: dict[str, Any] = dict(
+            epochs=t.local_epochs,
+            batch_size=t.batch_size,
+            lr=t.lr,
+            momentum=t.momentum,
+            weight_decay=t.weight_decay,
+            grad_hooks=hooks,
+        )
+        kwargs.update(overrides)
+        return local_sgd(model, self.data.train_x, self.data.train_y, **kwargs)
+
+
+@dataclass
+class ServerEnv:
+    """What the server may know (see the module docstring)."""
+
+    num_clients: int
+    archs: list[str]  # each client's architecture key
+    global_arch: str  # the server's / global model's architecture key
+    num_samples: list[int]  # each client's training-sample count
+    num_classes: int
+    models: ModelPool
+    run: RunFacts
+    public_x: Tensor | None = None
+
+    def arch(self, cid: int | None = None) -> str:
+        return self.global_arch if cid is None else self.archs[cid]
+
+    def model(self, arch: str | None = None, slot: int | str = 0) -> PFLModel:
+        return self.models.model(arch or self.global_arch, slot)
+
+    def init_weights(self, arch: str | None = None) -> Weights:
+        return self.models.init_weights(arch or self.global_arch)
+
+
+def arch_specs(m: ModelConfig) -> tuple[dict[str, tuple[str, dict[str, Any]]], str, list[str]]:
+    """Architecture keys of a model config: (specs by key, global key, per-client order)."""
+    specs: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    def register(name: str, options: dict[str, Any]) -> str:
+        key = name if not options else f"{name}{json.dumps(options, sort_keys=True)}"
+        specs[key] = (name, options)
+        return key
+
+    global_arch = register(m.name, m.options)
+    order: list[str] = []
+    for spec in m.per_client or []:
+        if isinstance(spec, str):
+            order.append(register(spec, {}))
+        else:
+            order += [register(spec.name, spec.options)] * spec.count
+    return specs, global_arch, order
+
+
+def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv, list[ClientEnv]]:
+    """The server environment and every client's environment of a run. Every architecture is
+    built once here, so a bad model name or option fails before anything runs."""
+    specs, global_arch, order = arch_specs(cfg.model)
+    pool = ModelPool(specs, data.input_shape, data.num_classes, torch.device(cfg.device))
+    for arch in specs:
+        pool.model(arch)
+    n = data.num_clients
+    archs = [order[c % len(order)] if order else global_arch for c in range(n)]
+    facts = RunFacts(
+        train=cfg.train,
+        rounds=cfg.train.rounds,
+        client_fraction=cfg.train.client_fraction,
+        seed=cfg.seed,
+        selected_eval=cfg.eval.selected_clients,
+    )
+    server = ServerEnv(
+        num_clients=n,
+        archs=archs,
+        global_arch=global_arch,
+        num_samples=[len(c.train_y) for c in data.clients],
+        num_classes=data.num_classes,
+        models=pool,
+        run=facts,
+        public_x=data.public_x,
+    )
+    clients = [
+        ClientEnv(c, data.clients[c], data.num_classes, archs[c], pool, facts, data.public_x)
+        for c in range(n)
+    ]
+    return server, clients

@@ -1,0 +1,32 @@
+"""FedMD: Li & Wang, "FedMD: Heterogenous Federated Learning via Model Distillation", NeurIPS
+2019 workshop. Clients upload soft scores on the public set, the server averages them into one
+consensus (``c = 1/N`` everywhere), each client "digests" it (distils ``R`` epochs) and then
+"revisits" its private data (``E`` epochs): ``order="distill_then_train"``. Shared: ``B x C``
+floats each way. Deviation (as the KT-pFL code's FedMD engine, §9): no transfer-learning
+pre-training on a labelled public set, and soft predictions at temperature ``T`` (default 1,
+the code's) instead of raw logits fitted with an L1 loss.
+
+The round structure (share soft predictions, mix, distil) is
+:class:`~pflkit.algorithms.blocks.distill.SoftTeacherKD`; FedMD only fixes the mixture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pflkit.algorithms.base import State, register
+from pflkit.algorithms.blocks.distill import SoftTeacherKD
+
+
+@register
+class FedMD(SoftTeacherKD):
+    name = "fedmd"
+    description = (
+        "FedMD (Li & Wang 2019): average of soft predictions on a public set as one consensus; "
+        "digest (distil) then revisit (private training); heterogeneous models"
+    )
+    default_order = "distill_then_train"
+
+    def mixing_weights(self, server: State) -> torch.Tensor:
+        a = len(server["active"])
+        return torch.full((a, a), 1.0 / a, dtype=torch.float64)

@@ -1,0 +1,353 @@
+"""Client runners: the one seam through which the round loop runs client work.
+
+The engine (:class:`~pflkit.engine.simulation.Simulation`) decides *what* each client does in a
+phase (its payload) and *what* to evaluate (its view); a runner decides *where* it runs:
+
+- :class:`InProcess`: here, one client after another (no start-up cost; best for small runs
+  and for one GPU);
+- :class:`ProcessPool`: ``engine.workers`` worker processes, each with its own copy of the
+  algorithm and client environments (the dataset's tensors are shared, not copied) and
+  ``engine.threads_per_worker`` torch threads; the clients of a phase are dispatched to
+  whichever worker is free;
+- the Flower runner (:mod:`pflkit.flower.server`): SuperNodes, over the network.
+
+Every runner executes the same two functions, :func:`train_client` and
+:func:`evaluate_client`, and every random draw in them is seeded from (seed, round, phase,
+client), so all runners give bit-identical results: the client order and the worker a client
+lands on do not matter. With the in-process and process-pool runners client state lives in the
+engine (and in its checkpoints); with Flower it lives on the nodes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import signal
+import traceback
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from pflkit.algorithms import Algorithm, build_algorithm, make_envs
+from pflkit.algorithms.base import Payload, State, Update, Upload
+from pflkit.algorithms.blocks.training import predict, set_weights
+from pflkit.algorithms.env import ClientEnv
+from pflkit.config import ExperimentConfig, validate
+from pflkit.errors import PflkitError
+
+if TYPE_CHECKING:
+    from pflkit.data.federated import FederatedDataset
+    from pflkit.engine.simulation import Simulation
+
+TrainResults = dict[int, tuple[Upload, dict[str, float]]]
+
+
+# -- seeding (the same in every runner) ------------------------------------------------------------
+
+
+def seed_torch(*keys: int) -> None:
+    """Seed torch's global RNG from a tuple of integers (independent streams per tuple)."""
+    torch.manual_seed(int(np.random.SeedSequence(list(keys)).generate_state(1)[0]))
+
+
+def seed_eval(seed: int, rnd: int, cid: int, selected: bool = False) -> None:
+    """Seed torch before a client's evaluation (its personalized model may be trained first,
+    e.g. FedAvg-FT's fine-tuning), the same way in every engine."""
+    seed_torch(seed, rnd, 0xE5 if selected else 0xE7, cid)
+
+
+# -- the client-side work, as every runner runs it --------------------------------------------------
+
+
+def init_client(algo: Algorithm, env: ClientEnv, seed: int) -> State:
+    """A client's first state (``client_init``, seeded by (seed, client))."""
+    seed_torch(seed, 0, 0xC1, env.cid)
+    return algo.client_init(env)
+
+
+def train_client(
+    algo: Algorithm,
+    env: ClientEnv,
+    seed: int,
+    rnd: int,
+    p: int,
+    phase: str,
+    payload: Payload,
+    state: State,
+) -> Update:
+    """``client_update`` with torch seeded from (seed, round, phase index, client). A training
+    metric that is not finite stops the run with one sentence (the usual cause: the lr)."""
+    seed_torch(seed, rnd, p, env.cid)
+    update = algo.client_update(env, payload, state, rnd, phase)
+    for key, value in update.metrics.items():
+        if not math.isfinite(value):
+            raise PflkitError(
+                f"client {env.cid}'s {key} is {value} in round {rnd}: local training diverged; "
+                "lower train.lr, or set train.grad_clip (e.g. 100)"
+            )
+    return update
+
+
+def test_accuracy(env: ClientEnv, weights, batch_size: int) -> float:
+    """Accuracy of ``weights`` on the client's local test split."""
+    model = env.model()
+    set_weights(model, weights)
+    hits = int((predict(model, env.data.test_x, batch_size).argmax(1) == env.data.test_y).sum())
+    return hits / max(len(env.data.test_y), 1)
+
+
+def evaluate_client(
+    algo: Algorithm,
+    env: ClientEnv,
+    seed: int,
+    rnd: int,
+    view: Payload,
+    state: State,
+    batch_size: int,
+    upload: Upload | None = None,
+    global_fallback: bool = True,
+) -> float | None:
+    """The client's accuracy on its local test split: its personalized model
+    (``personal_weights``), or with ``upload`` MAP's protocol (``trained_weights``). A client
+    whose personalized model is the global model is scored with ``view["weights"]``, or, with
+    ``global_fallback=False``, returns None so that the engine scores all such clients in one
+    batched pass of the global model."""
+    seed_eval(seed, rnd, env.cid, selected=upload is not None)
+    if upload is not None:
+        weights = algo.trained_weights(env, view, upload, state)
+    else:
+        weights = algo.personal_weights(env, view, state)
+        if weights is None:
+            if not global_fallback:
+                return None
+            if "weights" not in view:
+                raise RuntimeError(
+                    f"{algo.name}: personal_weights returned None but there is no global model"
+                )
+            weights = view["weights"]
+    return test_accuracy(env, weights, batch_size)
+
+
+# -- runners --------------------------------------------------------------------------------------------
+
+
+class ClientRunner:
+    """Where client work runs (module docstring). ``train`` and ``evaluate`` return results in
+    the order of their input; a client missing from a result failed (Flower only)."""
+
+    #: client state lives in the engine (so a run can be checkpointed and resumed)
+    keeps_state: bool = True
+
+    def start(self, sim: Simulation) -> None:
+        """Bind to a run (called once, before its first round)."""
+        self.sim = sim
+
+    def train(self, rnd: int, p: int, phase: str, payloads: dict[int, Payload]) -> TrainResults:
+        raise NotImplementedError
+
+    def evaluate(
+        self, rnd: int, views: dict[int, Payload], uploads: dict[int, Upload] | None = None
+    ) -> dict[int, float | None]:
+        """Each client's accuracy (None: "score me with the global model", which the engine
+        then does in one batched pass). ``uploads``: MAP's protocol, the round's last uploads."""
+        raise NotImplementedError
+
+    def row_extras(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Runner-specific fields to add to this round's metrics ``row``."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class InProcess(ClientRunner):
+    """Client work in this process, one client after another."""
+
+    def train(self, rnd, p, phase, payloads):
+        sim = self.sim
+        out: TrainResults = {}
+        for cid, payload in payloads.items():
+            env, state = sim.envs[cid], sim.client_state(cid)
+            upload, sim.clients[cid], metrics = train_client(
+                sim.algo, env, sim.cfg.seed, rnd, p, phase, payload, state
+            )
+            out[cid] = (upload, metrics)
+        return out
+
+    def evaluate(self, rnd, views, uploads=None):
+        sim = self.sim
+        return {
+            cid: evaluate_client(
+                sim.algo,
+                sim.envs[cid],
+                sim.cfg.seed,
+                rnd,
+                view,
+                sim.client_state(cid),
+                sim.cfg.eval.batch_size,
+                upload=None if uploads is None else uploads[cid],
+                global_fallback=False,
+            )
+            for cid, view in views.items()
+        }
+
+
+# -- process pool -----------------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}  # in a worker process: its algorithm, environments and config
+
+
+def _worker_init(cfg_dump: dict[str, Any], data: FederatedDataset, threads: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    torch.set_num_threads(threads)
+    cfg = validate(cfg_dump)
+    _, envs = make_envs(cfg, data)
+    _WORKER.update(cfg=cfg, algo=build_algorithm(cfg.algorithm), envs=envs)
+
+
+def _worker_job(blob: bytes) -> bytes:
+    """Run one pickled job in a worker; reply ("ok", result) or ("error", exception, text)."""
+    kind, cid, args = pickle.loads(blob)
+    cfg, algo, env = _WORKER["cfg"], _WORKER["algo"], _WORKER["envs"][cid]
+    try:
+        if kind == "train":
+            result: Any = tuple(train_client(algo, env, cfg.seed, *args))
+        else:
+            rnd, view, state, upload = args
+            result = evaluate_client(
+                algo, env, cfg.seed, rnd, view, state, cfg.eval.batch_size, upload, False
+            )
+        return pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
+    except PflkitError as err:
+        return pickle.dumps(("user", str(err), ""))
+    except Exception as err:  # a bug: keep the worker's traceback for the report
+        return pickle.dumps(("error", f"{type(err).__name__}: {err}", traceback.format_exc()))
+
+
+class ProcessPool(ClientRunner):
+    """Client work in ``workers`` processes with ``threads`` torch threads each (module
+    docstring). Workers start on first use. With one thread each they are forked from this
+    process (instant, and the dataset is shared copy-on-write); with more, a forked copy of a
+    process that has run multi-threaded torch kernels can hang, so they start from a fork
+    server (a fresh process; the dataset's tensors reach them through shared memory, and a
+    script that starts a run must guard it with ``if __name__ == "__main__":``)."""
+
+    def __init__(self, workers: int, threads: int = 1):
+        self.workers = workers
+        self.threads = threads
+        self.executor: ProcessPoolExecutor | None = None
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self.executor is None:
+            import multiprocessing as mp
+
+            methods = mp.get_all_start_methods()
+            if self.threads == 1 and "fork" in methods:
+                method = "fork"  # instant; safe while the workers run torch single-threaded
+            else:  # a fresh server process to fork from: safe with any thread count
+                method = "forkserver" if "forkserver" in methods else "spawn"
+            ctx = mp.get_context(method)
+            if method == "forkserver":
+                ctx.set_forkserver_preload(["pflkit.engine.clients"])
+            sim = self.sim
+            self.executor = ProcessPoolExecutor(
+                self.workers,
+                mp_context=ctx,
+                initializer=_worker_init,
+                initargs=(sim.cfg.dump(), sim.data, self.threads),
+            )
+        return self.executor
+
+    def _run(self, what: str, rnd: int, jobs: dict[int, tuple]) -> dict[int, Any]:
+        """Run ``jobs`` (client -> job tuple), largest clients first; results in job order."""
+        pool = self._pool()
+        envs = self.sim.envs
+        order = sorted(jobs, key=lambda c: -envs[c].num_train)
+        try:
+            futures: dict[int, Future] = {
+                cid: pool.submit(_worker_job, pickle.dumps(jobs[cid], pickle.HIGHEST_PROTOCOL))
+                for cid in order
+            }
+            replies = {cid: pickle.loads(futures[cid].result()) for cid in jobs}
+        except BrokenProcessPool:
+            self.close(kill=True)
+            raise PflkitError(
+                f"a worker process died while {what} in round {rnd} (out of memory, or killed): "
+                "set engine.workers: 1 to run in this process"
+            ) from None
+        except BaseException:  # Ctrl-C or a failed submit: stop every worker now
+            self.close(kill=True)
+            raise
+        out = {}
+        for cid, (status, value, *tb) in replies.items():
+            if status == "user":
+                self.close(kill=True)
+                raise PflkitError(value)
+            if status == "error":
+                self.close(kill=True)
+                raise RuntimeError(
+                    f"client {cid} failed in a worker process while {what} in round {rnd}: "
+                    f"{value}\n--- worker traceback ---\n{tb[0]}"
+                )
+            out[cid] = value
+        return out
+
+    def train(self, rnd, p, phase, payloads):
+        sim = self.sim
+        jobs = {
+            cid: ("train", cid, (rnd, p, phase, payload, sim.client_state(cid)))
+            for cid, payload in payloads.items()
+        }
+        out: TrainResults = {}
+        for cid, (upload, state, metrics) in self._run("training", rnd, jobs).items():
+            sim.clients[cid] = state
+            out[cid] = (upload, metrics)
+        return out
+
+    def evaluate(self, rnd, views, uploads=None):
+        sim = self.sim
+        jobs = {
+            cid: (
+                "evaluate",
+                cid,
+                (rnd, view, sim.client_state(cid), None if uploads is None else uploads[cid]),
+            )
+            for cid, view in views.items()
+        }
+        return self._run("evaluating", rnd, jobs)
+
+    def close(self, kill: bool = False) -> None:
+        ex, self.executor = self.executor, None
+        if ex is None:
+            return
+        if kill:
+            for proc in list(getattr(ex, "_processes", {}).values()):
+                proc.terminate()
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def auto_workers(cfg: ExperimentConfig) -> int:
+    """``engine.workers: auto``: one process per CPU core (at most one per client) on CPU,
+    in-process on an accelerator. See docs/benchmarks.md for the measurements behind it."""
+    if cfg.device != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, cfg.data.num_clients))
+
+
+def make_runner(cfg: ExperimentConfig) -> ClientRunner:
+    """The runner ``cfg.engine`` asks for."""
+    e = cfg.engine
+    workers = auto_workers(cfg) if e.workers == "auto" else e.workers
+    if workers <= 1:
+        return InProcess()
+    if cfg.device != "cpu":
+        raise PflkitError(
+            f"engine.workers {workers} needs device: cpu (got {cfg.device!r}): one process "
+            "drives an accelerator; set engine.workers: 1"
+        )
+    return ProcessPool(workers, e.threads_per_worker)
