@@ -19,7 +19,8 @@ so that machine noise hits all alike; the ratios are of the medians:
 A pflkit round is the whole round: training and the evaluation of every client's personalized
 model and of the global model. Peak memory is the largest sum of proportional set sizes (PSS:
 shared pages split between the processes that share them) over this process and its workers,
-sampled every 0.2 s while that contender runs (Linux only).
+sampled every 0.2 s during one extra, untimed round per contender after the timed ones
+(reading PSS costs CPU, so it never runs while a round is timed; Linux only).
 
     python benchmarks/bench_fedavg.py [--rounds 3] [--workers 2] [--device cpu]
 
@@ -160,9 +161,7 @@ def main() -> None:
     for rnd in range(1, args.rounds + 1):
         line = []
         for name, sim in contenders.items():
-            with PeakMemory() as mem:
-                row = sim.run_round(rnd)
-            peak[name] = max(peak[name], mem.peak)
+            row = sim.run_round(rnd)
             rounds[name].append(row["seconds_train"] + row["seconds_eval"])
             evals[name].append(row["seconds_eval"])
             line.append(
@@ -170,10 +169,15 @@ def main() -> None:
                 f"(pers {row['pers_acc_mean']:.3f})"
             )
         start = {k: v.clone() for k, v in contenders["in-process"].server["weights"].items()}
-        with PeakMemory() as mem:
-            tight.append(tight_round(contenders["in-process"], start))
-        peak["tight loop"] = max(peak["tight loop"], mem.peak)
+        tight.append(tight_round(contenders["in-process"], start))
         print(f"round {rnd}: " + " | ".join(line) + f" | tight loop {tight[-1]:.2f}s", flush=True)
+    for name, sim in contenders.items():  # memory, untimed
+        with PeakMemory() as mem:
+            sim.run_round(args.rounds + 1)
+        peak[name] = mem.peak
+    with PeakMemory() as mem:
+        tight_round(contenders["in-process"], start)
+    peak["tight loop"] = mem.peak
     for sim in contenders.values():
         sim.close()
     m_tight = statistics.median(tight)

@@ -122,3 +122,71 @@ def test_existing_run_folder_is_not_overwritten(cfg_file, tmp_path):
     (tmp_path / "r" / "keep.txt").write_text("x")
     r = pflkit("run", str(cfg_file), "--out", "r", cwd=tmp_path)
     assert r.returncode == 2 and "already exists" in r.stderr
+
+
+# -- typed parameters and the process pool, as a user meets them ------------------------------------
+
+
+def test_config_yaml_records_every_algorithm_default_and_list_params_shows_them(cfg_file, tmp_path):
+    r = pflkit(
+        "run", str(cfg_file), "--set", "algorithm.name=map", "--out", "r", "-q", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    algo = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["algorithm"]
+    assert algo["name"] == "map" and algo["alpha"] == 0.9 and algo["stage_b_fraction"] is None
+    assert algo["weighting"] == "uniform" and algo["kd_form"] == "paper" and len(algo) == 14
+    r = pflkit("list", "--params", "scamap", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "stage_b_fraction" in r.stdout and "authors' code" in r.stdout and "0.2" in r.stdout
+    r = pflkit("list", "--params", "scamapp", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: unknown algorithm 'scamapp': did you mean 'scamap'? (`pflkit list` shows all)"
+    )
+
+
+def test_a_user_error_inside_a_worker_is_one_sentence_and_exit_2(tmp_path):
+    raw = tiny_config(engine={"workers": 2}, train={"lr": 1e6})  # diverges at once
+    path = tmp_path / "nan.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    r = pflkit("run", str(path), "--out", "r", "-q", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert "in round 1: local training diverged; lower train.lr" in lines[0]
+
+
+def test_bad_engine_settings_are_one_sentence(cfg_file, tmp_path):
+    r = pflkit("run", str(cfg_file), "--set", "engine.workers=0", "--out", "r", cwd=tmp_path)
+    assert r.returncode == 2 and "engine.workers" in r.stderr and "positive number" in r.stderr
+    assert not (tmp_path / "r").exists()
+    r = pflkit("run", str(cfg_file), "--set", "engine.workers=2", "--set", "device=cuda:0",
+               "--out", "r", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "set engine.workers: 1" in r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_ctrl_c_stops_every_worker_and_leaves_a_resumable_run(tmp_path):
+    import signal
+    import time
+
+    raw = tiny_config(engine={"workers": 2}, train={"rounds": 500})
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "ctrl-c-run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pflkit.cli", "run", str(path), "--out", str(out), "-q"],
+        cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "interrupted after round" in err and "--resume" in err and "Traceback" not in err
+    # no worker outlives the run (forked workers share the parent's command line)
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+    assert (out / "checkpoints" / "latest.pt").exists()

@@ -116,3 +116,16 @@ def test_eval_schedule(tiny, tmp_path):
     res = run_experiment(tiny(train={"rounds": 5}, eval={"every": 2}), out=tmp_path / "r")
     evaluated = [r["round"] for r in res.rows if "pers_acc_mean" in r]
     assert evaluated == [2, 4, 5]  # and always the last round
+
+
+def test_a_dead_worker_is_one_clear_error_not_a_hang(tiny):
+    from pflkit.errors import PflkitError
+
+    sim = Simulation(tiny(engine={"workers": 2}))
+    sim.run_round(1)
+    for proc in list(sim.runner.executor._processes.values()):
+        proc.kill()
+    with pytest.raises(PflkitError, match="a worker process died while training in round 2"):
+        sim.run_round(2)
+    assert sim.runner.executor is None  # every worker was stopped
+    sim.close()

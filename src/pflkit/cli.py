@@ -135,13 +135,24 @@ def partition(
 
 
 @app.command(name="list")
-def list_() -> None:
-    """List algorithms, datasets, partitioners and models."""
+def list_(
+    params: Annotated[
+        str | None,
+        typer.Option(
+            "--params",
+            help="Show one algorithm's parameters: type, default and where the default comes from.",
+        ),
+    ] = None,
+) -> None:
+    """List algorithms, datasets, partitioners and models (or one algorithm's parameters)."""
     from pflkit.algorithms import ALGORITHMS
     from pflkit.data.partition import PARTITIONERS
     from pflkit.data.sources import SOURCES
     from pflkit.models import MODELS
 
+    if params is not None:
+        _show_params(params)
+        return
     for title, items in (
         ("algorithms", {k: v.description for k, v in ALGORITHMS.items()}),
         ("datasets", {k: v.description for k, v in SOURCES.items()}),
@@ -152,6 +163,29 @@ def list_() -> None:
         width = max(map(len, items))
         for name in sorted(items):
             out_console.print(f"  {name:<{width}}  {items[name]}", highlight=False)
+
+
+def _show_params(name: str) -> None:
+    """Print algorithm ``name``'s parameters as a table."""
+    from rich.table import Table
+
+    from pflkit.algorithms import ALGORITHMS
+    from pflkit.errors import unknown_name
+
+    if name not in ALGORITHMS:
+        raise unknown_name("algorithm", name, ALGORITHMS)
+    cls = ALGORITHMS[name]
+    t = Table(title=f"{name}: {cls.description}", title_justify="left")
+    for col in ("parameter", "type", "default", "source of the default"):
+        t.add_column(col)
+    for key, field in cls.Params.model_fields.items():
+        kind = str(field.annotation).replace("typing.", "").replace("<class '", "")
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        t.add_row(key, kind.replace("'>", ""), repr(field.default), str(extra.get("source", "")))
+    if not cls.Params.model_fields:
+        out_console.print(f"algorithm '{name}' takes no parameters")
+        return
+    out_console.print(t)
 
 
 # -- Flower --------------------------------------------------------------------------------------

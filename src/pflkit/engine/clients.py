@@ -25,6 +25,7 @@ import os
 import pickle
 import signal
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
@@ -109,21 +110,16 @@ def evaluate_client(
     state: State,
     batch_size: int,
     upload: Upload | None = None,
-    global_fallback: bool = True,
-) -> float | None:
+) -> float:
     """The client's accuracy on its local test split: its personalized model
     (``personal_weights``), or with ``upload`` MAP's protocol (``trained_weights``). A client
-    whose personalized model is the global model is scored with ``view["weights"]``, or, with
-    ``global_fallback=False``, returns None so that the engine scores all such clients in one
-    batched pass of the global model."""
+    whose personalized model is the global model is scored with ``view["weights"]``."""
     seed_eval(seed, rnd, env.cid, selected=upload is not None)
     if upload is not None:
         weights = algo.trained_weights(env, view, upload, state)
     else:
         weights = algo.personal_weights(env, view, state)
         if weights is None:
-            if not global_fallback:
-                return None
             if "weights" not in view:
                 raise RuntimeError(
                     f"{algo.name}: personal_weights returned None but there is no global model"
@@ -150,10 +146,16 @@ class ClientRunner:
         raise NotImplementedError
 
     def evaluate(
-        self, rnd: int, views: dict[int, Payload], uploads: dict[int, Upload] | None = None
-    ) -> dict[int, float | None]:
-        """Each client's accuracy (None: "score me with the global model", which the engine
-        then does in one batched pass). ``uploads``: MAP's protocol, the round's last uploads."""
+        self,
+        rnd: int,
+        views: dict[int, Payload],
+        uploads: dict[int, Upload] | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> dict[int, float]:
+        """Each client's accuracy on its local test split, from the server's ``views``.
+        ``uploads``: MAP's protocol, the round's last uploads. ``meanwhile`` is server work
+        (scoring the global model) that runs while the clients evaluate, where they run
+        elsewhere."""
         raise NotImplementedError
 
     def row_extras(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -178,8 +180,10 @@ class InProcess(ClientRunner):
             out[cid] = (upload, metrics)
         return out
 
-    def evaluate(self, rnd, views, uploads=None):
+    def evaluate(self, rnd, views, uploads=None, meanwhile=None):
         sim = self.sim
+        if meanwhile is not None:
+            meanwhile()
         return {
             cid: evaluate_client(
                 sim.algo,
@@ -190,7 +194,6 @@ class InProcess(ClientRunner):
                 sim.client_state(cid),
                 sim.cfg.eval.batch_size,
                 upload=None if uploads is None else uploads[cid],
-                global_fallback=False,
             )
             for cid, view in views.items()
         }
@@ -219,7 +222,7 @@ def _worker_job(blob: bytes) -> bytes:
         else:
             rnd, view, state, upload = args
             result = evaluate_client(
-                algo, env, cfg.seed, rnd, view, state, cfg.eval.batch_size, upload, False
+                algo, env, cfg.seed, rnd, view, state, cfg.eval.batch_size, upload
             )
         return pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
     except PflkitError as err:
@@ -262,8 +265,11 @@ class ProcessPool(ClientRunner):
             )
         return self.executor
 
-    def _run(self, what: str, rnd: int, jobs: dict[int, tuple]) -> dict[int, Any]:
-        """Run ``jobs`` (client -> job tuple), largest clients first; results in job order."""
+    def _run(
+        self, what: str, rnd: int, jobs: dict[int, tuple], meanwhile: Callable[[], None] | None
+    ) -> dict[int, Any]:
+        """Run ``jobs`` (client -> job tuple), largest clients first, and ``meanwhile`` here
+        while they run; results in job order."""
         pool = self._pool()
         envs = self.sim.envs
         order = sorted(jobs, key=lambda c: -envs[c].num_train)
@@ -272,6 +278,8 @@ class ProcessPool(ClientRunner):
                 cid: pool.submit(_worker_job, pickle.dumps(jobs[cid], pickle.HIGHEST_PROTOCOL))
                 for cid in order
             }
+            if meanwhile is not None:
+                meanwhile()
             replies = {cid: pickle.loads(futures[cid].result()) for cid in jobs}
         except BrokenProcessPool:
             self.close(kill=True)
@@ -303,12 +311,12 @@ class ProcessPool(ClientRunner):
             for cid, payload in payloads.items()
         }
         out: TrainResults = {}
-        for cid, (upload, state, metrics) in self._run("training", rnd, jobs).items():
+        for cid, (upload, state, metrics) in self._run("training", rnd, jobs, None).items():
             sim.clients[cid] = state
             out[cid] = (upload, metrics)
         return out
 
-    def evaluate(self, rnd, views, uploads=None):
+    def evaluate(self, rnd, views, uploads=None, meanwhile=None):
         sim = self.sim
         jobs = {
             cid: (
@@ -318,7 +326,7 @@ class ProcessPool(ClientRunner):
             )
             for cid, view in views.items()
         }
-        return self._run("evaluating", rnd, jobs)
+        return self._run("evaluating", rnd, jobs, meanwhile)
 
     def close(self, kill: bool = False) -> None:
         ex, self.executor = self.executor, None

@@ -9,9 +9,8 @@ Per round ``r`` (1-based):
    Flower), count the bytes of payloads and uploads, then ``aggregate`` (torch seeded from
    (seed, round, phase));
 3. evaluate on the schedule (``eval.every`` and always the last round): the global model on the
-   global test set here, and every client's personalized model through the runner, from the
-   view ``eval_view`` gives it; clients whose personalized model is the global model are
-   scored in one batched pass;
+   global test set here, and, at the same time, every client's personalized model through the
+   runner, from the view ``eval_view`` gives it;
 4. return one metrics row (the run loop appends it to ``metrics.jsonl`` and checkpoints).
 
 A client whose work fails (Flower) is listed in ``failed_clients`` and left out of that round's
@@ -35,7 +34,7 @@ from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import ClientRunner, init_client, make_runner, seed_torch
-from pflkit.eval import global_metrics, global_pass, personal_metrics
+from pflkit.eval import global_metrics, personal_metrics
 
 
 def sample_clients(seed: int, rnd: int, num_clients: int, fraction: float) -> list[int]:
@@ -66,6 +65,7 @@ class Simulation:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         parse_params(cfg.algorithm)  # fail on bad parameters before the (slow) data load
+        self.runner = runner if runner is not None else make_runner(cfg)
         self.data = data if data is not None else build_federated(cfg.data)
         self.senv, self.envs = make_envs(cfg, self.data)
         self.algo = build_algorithm(cfg.algorithm)
@@ -74,7 +74,6 @@ class Simulation:
         self.server: State = self.algo.server_init(self.senv)
         self.clients: dict[int, State] = {}
         self.round = 0
-        self.runner = runner if runner is not None else make_runner(cfg)
         self.runner.start(self)
 
     def close(self) -> None:
@@ -150,35 +149,23 @@ class Simulation:
         return row
 
     def evaluate(self, rnd: int, uploads: dict[int, Upload]) -> dict[str, Any]:
-        """The evaluation fields of round ``rnd``'s row (``uploads``: the round's last ones)."""
+        """The evaluation fields of round ``rnd``'s row (``uploads``: the round's last ones).
+        The server scores the global model on the global test set while the runner has every
+        client score its personalized model on its local test split."""
         cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
         row: dict[str, Any] = {}
         gw = algo.global_weights(senv, self.server)
-        if cfg.eval.global_model and gw is not None:
-            row.update(
-                global_metrics(senv.model(slot="eval_global"), gw, data, cfg.eval.batch_size)
-            )
+
+        def score_global() -> None:
+            if cfg.eval.global_model and gw is not None:
+                model = senv.model(slot="eval_global")
+                row.update(global_metrics(model, gw, data, cfg.eval.batch_size))
+
         n = data.num_clients
         views = {cid: algo.eval_view(senv, self.server, cid) for cid in range(n)}
-        acc = self.runner.evaluate(rnd, views)
-        uses_global = [cid for cid, a in acc.items() if a is None]
-        if uses_global:  # one batched pass of the global model over their test splits
-            if gw is None:
-                raise RuntimeError(
-                    f"{algo.name}: personal_weights returned None but there is no global model"
-                )
-            model = senv.model(slot="eval_global")
-            acc.update(
-                global_pass(
-                    model,
-                    gw,
-                    [data.clients[c] for c in uses_global],
-                    uses_global,
-                    cfg.eval.batch_size,
-                )
-            )
+        acc = self.runner.evaluate(rnd, views, meanwhile=score_global)
         counts = np.array([len(c.test_y) for c in data.clients], dtype=float)
-        row.update(personal_metrics({c: a for c, a in acc.items() if a is not None}, n, counts))
+        row.update(personal_metrics(acc, n, counts))
         if cfg.eval.selected_clients and uploads:
             views = {cid: algo.eval_view(senv, self.server, cid) for cid in uploads}
             sel = self.runner.evaluate(rnd, views, uploads)

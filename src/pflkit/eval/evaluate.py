@@ -6,23 +6,20 @@
   summarised as the unweighted mean over clients, the sample-weighted mean, the std across
   clients and the mean of the worst 10% of clients (at least one client).
 
-Each model is evaluated once, forward-only, in large batches: clients whose personalized model
-*is* the global model (``personal_weights`` returns None) are scored by one pass of the global
-model over the concatenation of their test splits (:func:`global_pass`). A client's own
-evaluation is :func:`pflkit.engine.clients.evaluate_client`, which every runner executes.
+Each model is evaluated forward-only, in large batches. A client's own evaluation is
+:func:`pflkit.engine.clients.evaluate_client`, which every runner executes where the client
+runs (a client whose personalized model is the global model scores the global model).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
-import torch
 from torch import nn
 
 from pflkit.algorithms.blocks.training import accuracy_and_loss, predict, set_weights
-from pflkit.data.federated import ClientData
 
 
 def summarize_clients(acc: np.ndarray, counts: np.ndarray) -> dict[str, float]:
@@ -50,18 +47,3 @@ def personal_metrics(acc: Mapping[int, float], num_clients: int, counts: np.ndar
     out: dict = summarize_clients(np.array([acc[c] for c in cids]), counts[cids])
     out["pers_acc_clients"] = [acc.get(c) for c in range(num_clients)]
     return out
-
-
-def global_pass(
-    model: nn.Module, weights, clients: Sequence[ClientData], cids: Sequence[int], batch_size: int
-) -> dict[int, float]:
-    """Accuracy of one model on each client's local test split, in one batched pass over the
-    concatenation of the splits (for clients whose personalized model is the global model)."""
-    set_weights(model, weights)
-    xs = torch.cat([c.test_x for c in clients])
-    ys = torch.cat([c.test_y for c in clients])
-    hits = (predict(model, xs, batch_size).argmax(1) == ys).numpy()
-    ends = np.cumsum([len(c.test_y) for c in clients])
-    return {
-        cid: float(seg.mean()) for cid, seg in zip(cids, np.split(hits, ends[:-1]), strict=True)
-    }

@@ -24,7 +24,7 @@ from typing import Any
 
 from flwr.app import Message, RecordDict
 
-from pflkit.algorithms.base import Payload, Upload
+from pflkit.algorithms.base import Payload
 from pflkit.engine.clients import ClientRunner
 from pflkit.errors import PflkitError
 from pflkit.flower import codec
@@ -164,12 +164,12 @@ class FlowerRunner(ClientRunner):
             self.state_rounds[cid] = codec.get(content, "state_rounds")
         return out
 
-    def evaluate(
-        self, rnd: int, views: dict[int, Payload], uploads: dict[int, Upload] | None = None
-    ):
+    def evaluate(self, rnd, views, uploads=None, meanwhile=None):
         """Each node scores its clients itself (a client whose personalized model is the
         global model is scored with the view's global weights); MAP's protocol uses the
         upload each node kept from the round's training."""
+        if meanwhile is not None:
+            meanwhile()
         mode = "personal" if uploads is None else "selected"
         jobs = {c: {"view": view} for c, view in views.items()}
         replies = self._send("evaluate", rnd, jobs, mode=mode)

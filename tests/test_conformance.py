@@ -1,0 +1,218 @@
+"""The contract, checked for every registered algorithm (a new one is covered without writing a
+test): plain-data payloads, uploads and states that survive the Flower codec and
+``torch.load(weights_only=True)``; exact byte accounting; determinism; resume; and equal
+results from every client runner (in-process, process pool, Flower)."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import pkgutil
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from conftest import tiny_config  # noqa: E402
+from flower_fakes import FakeGrid, assert_rows_close, flower_run, task_identity  # noqa: E402
+from pflkit import algorithms  # noqa: E402
+from pflkit.algorithms import ALGORITHM_MODULES, ALGORITHMS  # noqa: E402
+from pflkit.config import validate  # noqa: E402
+from pflkit.engine import Simulation, run_experiment  # noqa: E402
+from pflkit.engine.clients import InProcess, ProcessPool  # noqa: E402
+from pflkit.flower.codec import decode, encode  # noqa: E402
+
+_task_identity = pytest.fixture(autouse=True)(task_identity)
+
+NAMES = sorted(ALGORITHMS)
+NODES = {101: {"client-ids": "0"}, 202: {"client-ids": "1,2"}, 303: {"client-ids": "3"}}
+
+
+def conformance_config(name: str, **sections):
+    """Every algorithm on the same tiny run: 3 of 4 clients per round (partial participation),
+    a public set (for the algorithms that distil), MAP's selected-clients protocol on (so
+    ``trained_weights`` is exercised too), one torch thread (as each pool worker has)."""
+    raw = tiny_config(algorithm={"name": name}, **sections)
+    raw["data"]["public"] = {"dataset": "digits", "size": 64}
+    raw["train"]["client_fraction"] = 0.75
+    raw["eval"] = {"selected_clients": True}
+    raw["threads"] = 1
+    return validate(raw)
+
+
+def rows_of(result) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("seconds_")} for r in result.rows]
+
+
+class Recording(InProcess):
+    """The in-process runner, recording every payload, upload and state it handles."""
+
+    def __init__(self):
+        self.payloads, self.uploads, self.states = [], [], []
+
+    def train(self, rnd, p, phase, payloads):
+        out = super().train(rnd, p, phase, payloads)
+        for cid, payload in payloads.items():
+            self.payloads.append((rnd, cid, payload))
+            self.uploads.append((rnd, cid, out[cid][0]))
+            self.states.append(self.sim.clients[cid])
+        return out
+
+
+def leaves(obj) -> list:
+    """The tensors, numbers and strings inside a plain-data value."""
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in leaves(v)]
+    if isinstance(obj, list | tuple):
+        return [x for v in obj for x in leaves(v)]
+    return [] if obj is None else [obj]
+
+
+def wire_bytes(obj) -> int:
+    """Bytes of a value as the Flower codec lays it out: its arrays' buffers, plus 8 per
+    number and the UTF-8 length of each string (an independent count to check ``nbytes``)."""
+    _, arrays = encode(obj)
+    numbers = [x for x in leaves(obj) if isinstance(x, bool | int | float)]
+    strings = [x for x in leaves(obj) if isinstance(x, str)]
+    return (
+        sum(a.nbytes for a in arrays.values())
+        + 8 * len(numbers)
+        + sum(len(s.encode()) for s in strings)
+    )
+
+
+def assert_equal(a, b, where="value"):
+    """Exact equality of plain data: same structure, types, dtypes, shapes and bits."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            assert_equal(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_torch_threads():
+    threads = torch.get_num_threads()  # the runs here set one thread (config ``threads: 1``)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One recorded in-process run per algorithm (computed on first use)."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            out = tmp_path_factory.mktemp(name)
+            recording = Recording()
+            result = run_experiment(conformance_config(name), out=out / "ref", runner=recording)
+            cache[name] = (result, recording)
+        return cache[name]
+
+    return get
+
+
+def test_every_algorithm_module_registers_an_algorithm():
+    registered = {cls.__module__ for cls in ALGORITHMS.values()}
+    on_disk = {
+        f"pflkit.algorithms.{m.name}"
+        for m in pkgutil.iter_modules(algorithms.__path__)
+        if m.name not in algorithms.NOT_ALGORITHMS
+    }
+    assert on_disk == {f"pflkit.algorithms.{m}" for m in ALGORITHM_MODULES}
+    assert on_disk <= registered, f"modules that register nothing: {on_disk - registered}"
+    for m in on_disk:
+        importlib.import_module(m)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_parameter_names_the_source_of_its_default(name):
+    for key, field in ALGORITHMS[name].Params.model_fields.items():
+        extra = field.json_schema_extra
+        assert isinstance(extra, dict) and extra.get("source"), f"{name}.{key} has no source"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_payloads_uploads_and_states_are_plain_data(name, reference):
+    result, rec = reference(name)
+    assert rec.payloads and rec.uploads and rec.states
+    for kind, items in (("payload", rec.payloads), ("upload", rec.uploads)):
+        for rnd, cid, obj in items:
+            assert_equal(decode(*encode(obj)), obj, f"{kind} of client {cid}, round {rnd}")
+    for state in rec.states:
+        assert_equal(decode(*encode(state)), state, "client state")
+    # states (and the server's) load with torch.load(weights_only=True), as checkpoints do
+    sim = Simulation(conformance_config(name))
+    sim.run_round(1)
+    for obj in (sim.server, sim.clients):
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        buf.seek(0)
+        assert_equal(torch.load(buf, weights_only=True), obj, "checkpointed state")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bytes_are_counted_exactly(name, reference):
+    result, rec = reference(name)
+    down: dict[tuple[int, int], list] = {}
+    up: dict[tuple[int, int], list] = {}
+    for rnd, cid, payload in rec.payloads:
+        down.setdefault((rnd, cid), []).append(payload)
+    for rnd, cid, upload in rec.uploads:
+        up.setdefault((rnd, cid), []).append(upload)
+    for row in result.rows:
+        for i, cid in enumerate(row["clients"]):
+            for counted, sent in ((row["bytes_down"][i], down), (row["bytes_up"][i], up)):
+                objs = sent[(row["round"], cid)]
+                assert counted == sum(wire_bytes(o) for o in objs)
+                # zero exactly when nothing crosses the network
+                assert (counted == 0) == (not any(leaves(o) for o in objs))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_two_runs_are_identical(name, reference, tmp_path):
+    result, _ = reference(name)
+    again = run_experiment(conformance_config(name), out=tmp_path / "again")
+    assert rows_of(again) == rows_of(result)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resume_equals_an_uninterrupted_run(name, reference, tmp_path):
+    result, _ = reference(name)
+    cut = conformance_config(name, output={"checkpoint_every": 1, "progress": False})
+    cut.train.rounds = 2
+    run_experiment(cut, out=tmp_path / "cut")
+    resumed = run_experiment(resume=tmp_path / "cut", overrides=["train.rounds=3"])
+    assert rows_of(resumed) == rows_of(result)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_process_pool_equals_in_process(name, reference, tmp_path):
+    result, _ = reference(name)
+    pooled = run_experiment(
+        conformance_config(name), out=tmp_path / "pool", runner=ProcessPool(2, 1)
+    )
+    assert rows_of(pooled) == rows_of(result)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_flower_equals_embedded(name, reference, tmp_path):
+    result, _ = reference(name)
+    flower, grid = flower_run(conformance_config(name), tmp_path, NODES, grid=FakeGrid(NODES))
+    assert len(flower.rows) == len(result.rows)
+    for a, b in zip(flower.rows, result.rows, strict=True):
+        assert_rows_close(a, b)
