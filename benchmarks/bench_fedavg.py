@@ -20,7 +20,10 @@ A pflkit round is the whole round: training and the evaluation of every client's
 model and of the global model. Peak memory is the largest sum of proportional set sizes (PSS:
 shared pages split between the processes that share them) over this process and its workers,
 sampled every 0.2 s during one extra, untimed round per contender after the timed ones
-(reading PSS costs CPU, so it never runs while a round is timed; Linux only).
+(reading PSS costs CPU, so it never runs while a round is timed; Linux only); the process pool
+is measured first and its workers stopped before the others are measured. Both engines share
+one dataset in this process, so the in-process figure includes the pool contender's server
+state too (a few MiB).
 
     python benchmarks/bench_fedavg.py [--rounds 3] [--workers 2] [--device cpu]
 
@@ -135,10 +138,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads in this process")
     ap.add_argument("--subset", type=int, default=None, help="use a subset of Fashion-MNIST")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda: no process pool)")
+    ap.add_argument("--eval-batch", type=int, default=None, help="eval.batch_size (default 1000)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     raw = dict(CONFIG, device=args.device)
+    if args.eval_batch:
+        raw["eval"] = {**raw["eval"], "batch_size": args.eval_batch}
     if args.subset:
         raw["data"] = {**raw["data"], "subset": args.subset}
     cfg = validate(raw)
@@ -171,15 +177,15 @@ def main() -> None:
         start = {k: v.clone() for k, v in contenders["in-process"].server["weights"].items()}
         tight.append(tight_round(contenders["in-process"], start))
         print(f"round {rnd}: " + " | ".join(line) + f" | tight loop {tight[-1]:.2f}s", flush=True)
-    for name, sim in contenders.items():  # memory, untimed
+    # memory, untimed: the pool first, then (its workers stopped) in-process and the tight loop
+    for name in reversed(contenders):
         with PeakMemory() as mem:
-            sim.run_round(args.rounds + 1)
+            contenders[name].run_round(args.rounds + 1)
+        contenders[name].close()
         peak[name] = mem.peak
     with PeakMemory() as mem:
         tight_round(contenders["in-process"], start)
     peak["tight loop"] = mem.peak
-    for sim in contenders.values():
-        sim.close()
     m_tight = statistics.median(tight)
     print(f"\nmedians of {args.rounds} rounds; tight loop {m_tight:.2f} s/round (training only)")
     print("| runner | whole round (s) | / tight loop | eval share | peak PSS (MiB) |")

@@ -93,7 +93,7 @@ def train_client(
     return update
 
 
-def test_accuracy(env: ClientEnv, weights, batch_size: int) -> float:
+def local_test_accuracy(env: ClientEnv, weights, batch_size: int) -> float:
     """Accuracy of ``weights`` on the client's local test split."""
     model = env.model()
     set_weights(model, weights)
@@ -125,7 +125,7 @@ def evaluate_client(
                     f"{algo.name}: personal_weights returned None but there is no global model"
                 )
             weights = view["weights"]
-    return test_accuracy(env, weights, batch_size)
+    return local_test_accuracy(env, weights, batch_size)
 
 
 # -- runners --------------------------------------------------------------------------------------------
