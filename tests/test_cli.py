@@ -145,7 +145,7 @@ def test_config_yaml_records_every_algorithm_default_and_list_params_shows_them(
 
 
 def test_a_user_error_inside_a_worker_is_one_sentence_and_exit_2(tmp_path):
-    raw = tiny_config(engine={"workers": 2}, train={"lr": 1e6})  # diverges at once
+    raw = tiny_config(engine={"workers": 2}, train={"lr": 1e10})  # the loss is NaN in round 1
     path = tmp_path / "nan.yaml"
     path.write_text(yaml.safe_dump(raw))
     r = pflkit("run", str(path), "--out", "r", "-q", cwd=tmp_path)

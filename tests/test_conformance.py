@@ -22,6 +22,7 @@ from pflkit.algorithms import ALGORITHM_MODULES, ALGORITHMS  # noqa: E402
 from pflkit.config import validate  # noqa: E402
 from pflkit.engine import Simulation, run_experiment  # noqa: E402
 from pflkit.engine.clients import InProcess, ProcessPool  # noqa: E402
+from pflkit.errors import PflkitError  # noqa: E402
 from pflkit.flower.codec import decode, encode  # noqa: E402
 
 _task_identity = pytest.fixture(autouse=True)(task_identity)
@@ -191,12 +192,21 @@ def test_two_runs_are_identical(name, reference, tmp_path):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_resume_equals_an_uninterrupted_run(name, reference, tmp_path):
+def test_resume_equals_an_uninterrupted_run(name, reference, tmp_path, monkeypatch):
     result, _ = reference(name)
-    cut = conformance_config(name, output={"checkpoint_every": 1, "progress": False})
-    cut.train.rounds = 2
-    run_experiment(cut, out=tmp_path / "cut")
-    resumed = run_experiment(resume=tmp_path / "cut", overrides=["train.rounds=3"])
+    real = Simulation.run_round
+
+    def interrupted_in_round_3(self, rnd):  # as Ctrl-C would, after round 2's checkpoint
+        if rnd == 3:
+            raise KeyboardInterrupt
+        return real(self, rnd)
+
+    monkeypatch.setattr(Simulation, "run_round", interrupted_in_round_3)
+    cfg = conformance_config(name, output={"checkpoint_every": 2, "progress": False})
+    with pytest.raises(PflkitError, match="interrupted after round 2"):
+        run_experiment(cfg, out=tmp_path / "cut")
+    monkeypatch.setattr(Simulation, "run_round", real)
+    resumed = run_experiment(resume=tmp_path / "cut")
     assert rows_of(resumed) == rows_of(result)
 
 

@@ -23,7 +23,6 @@ feeds back into training.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import torch
 
@@ -38,7 +37,7 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.blocks.distill import distill_configured, require_public
+from pflkit.algorithms.blocks.distill import DistillParams, distill_configured, require_public
 from pflkit.algorithms.blocks.training import get_weights, predict, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 
@@ -51,12 +50,8 @@ class FedDF(Algorithm):
         "ensemble distillation of all client models into each prototype on a public set"
     )
 
-    class Params(Algorithm.Params):
-        temperature: float = param(1.0, "FedDF (averaged logits, T = 1)", gt=0)
-        distill_epochs: int = param(1, "KT-pFL §4 (R = 1, all methods)", gt=0)
-        distill_lr: float | None = param(None, "KT-pFL §4 (None: train.lr)", gt=0)
-        distill_batch_size: int = param(256, "KT-pFL code", gt=0)
-        kd_loss: Literal["kl", "kl_t2", "kl_mean"] = param("kl", "KT-pFL eq. 6")
+    class Params(Algorithm.Params, DistillParams):
+        pass
 
     def check(self, env: ServerEnv) -> None:
         require_public(env, self.name)

@@ -44,6 +44,7 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import Algorithm, Payload, State, Update, Upload, param
@@ -153,18 +154,24 @@ def round_indices(seed: int, rnd: int, pool: int, size: int) -> Tensor:
     return torch.from_numpy(np.sort(rng.choice(pool, size, replace=False)))
 
 
+class DistillParams(BaseModel):
+    """Distillation settings shared by every KD algorithm (specs/ktpfl.md §3-4: "these apply
+    to all methods"); :func:`distill_configured` applies them."""
+
+    temperature: float = param(1.0, "FedMD / FedDF / KT-pFL code's baseline engines (T)", gt=0)
+    distill_epochs: int = param(1, "KT-pFL §4 (R = 1)", gt=0)
+    distill_lr: float | None = param(None, "KT-pFL §4 (eta_2 = eta_1; None: train.lr)", gt=0)
+    distill_batch_size: int = param(256, "KT-pFL code", gt=0)
+    kd_loss: Literal["kl", "kl_t2", "kl_mean"] = param("kl", "KT-pFL eq. 6; kl_mean: code")
+
+
 class SoftTeacherKD(Algorithm):
     """Clients share soft predictions on the public set; the server mixes them into one
     teacher per client with a matrix ``c``; clients distil (module docstring)."""
 
     default_order: str = "train_then_distill"
 
-    class Params(Algorithm.Params):
-        temperature: float = param(1.0, "FedMD / KT-pFL code engines", gt=0)
-        distill_epochs: int = param(1, "KT-pFL §4 (R = 1)", gt=0)
-        distill_lr: float | None = param(None, "KT-pFL §4 (eta_2 = eta_1; None: train.lr)", gt=0)
-        distill_batch_size: int = param(256, "KT-pFL code", gt=0)
-        kd_loss: Literal["kl", "kl_t2", "kl_mean"] = param("kl", "KT-pFL eq. 6; kl_mean: code")
+    class Params(Algorithm.Params, DistillParams):
         order: Literal["train_then_distill", "distill_then_train"] | None = param(
             None, "the algorithm's paper (None: its default order)"
         )
@@ -293,7 +300,9 @@ def public_subset(env: ClientEnv, idx: Tensor | None) -> Tensor:
     return env.public_x if idx is None else env.public_x[idx]
 
 
-def distill_configured(t: TrainConfig, p, model: nn.Module, x: Tensor, teacher: Tensor) -> float:
+def distill_configured(
+    t: TrainConfig, p: DistillParams, model: nn.Module, x: Tensor, teacher: Tensor
+) -> float:
     """:func:`distill` with an algorithm's distillation parameters (``distill_epochs``,
     ``distill_batch_size``, ``distill_lr``, ``temperature``, ``kd_loss``) and the run's
     optimiser settings ``t`` (learning rate by default, momentum, weight decay)."""
