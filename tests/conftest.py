@@ -26,9 +26,6 @@ def tiny_config(**sections) -> dict:
         "model": {"name": "mlp", "options": {"hidden": [32]}},
         "algorithm": {"name": "fedavg"},
         "train": {"rounds": 3, "batch_size": 16, "lr": 0.05, "local_epochs": 1},
-        # in-process: at this size worker processes cost more than they save (the process
-        # pool is checked against in-process for every algorithm in test_conformance.py)
-        "engine": {"workers": 1},
         "output": {"progress": False},
     }
     for key, value in sections.items():

@@ -92,12 +92,13 @@ class EvalConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """Where client work runs (:mod:`pflkit.engine.clients`). ``workers``: 1 runs clients in
-    this process; N > 1 runs them in N worker processes; ``auto`` (default) uses one worker
-    per CPU core on CPU (the faster choice on a multi-core CPU, docs/benchmarks.md) and this
-    process on an accelerator. Results are identical either way."""
+    """Where client work runs (:mod:`pflkit.engine.clients`). ``workers``: 1 (default) runs
+    clients in this process; N > 1 runs them in N worker processes; ``auto`` uses one worker
+    per CPU core on CPU (1.4x faster rounds on 2 cores, docs/benchmarks.md) and this process
+    on an accelerator. Every runner gives the same numbers at the same torch thread count per
+    process; in-process is the default because it reproduces earlier runs bit for bit."""
 
-    workers: int | Literal["auto"] = "auto"
+    workers: int | Literal["auto"] = 1
     threads_per_worker: int = Field(1, gt=0)  # torch threads in each worker process
 
     @field_validator("workers")
