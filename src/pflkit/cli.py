@@ -175,6 +175,9 @@ def _show_params(name: str) -> None:
     if name not in ALGORITHMS:
         raise unknown_name("algorithm", name, ALGORITHMS)
     cls = ALGORITHMS[name]
+    if not cls.Params.model_fields:
+        out_console.print(f"algorithm '{name}' takes no parameters")
+        return
     t = Table(title=f"{name}: {cls.description}", title_justify="left")
     for col in ("parameter", "type", "default", "source of the default"):
         t.add_column(col)
@@ -182,9 +185,6 @@ def _show_params(name: str) -> None:
         kind = str(field.annotation).replace("typing.", "").replace("<class '", "")
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         t.add_row(key, kind.replace("'>", ""), repr(field.default), str(extra.get("source", "")))
-    if not cls.Params.model_fields:
-        out_console.print(f"algorithm '{name}' takes no parameters")
-        return
     out_console.print(t)
 
 

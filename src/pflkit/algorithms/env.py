@@ -2,7 +2,7 @@
 the server side. The engine builds them (:func:`make_envs`); an algorithm object itself holds
 only its validated parameters.
 
-- A **client environment** is one client's world: its own train/test tensors and class counts,
+- A **client environment** is one client's world: its own train/test tensors,
   the public set (when the run configures one), a model pool for its architecture, the resolved
   training settings, the run facts an algorithm legitimately needs (rounds, participation rate,
   whether MAP's selected-clients protocol will score its trained model) and :meth:`train`.
@@ -71,10 +71,16 @@ class RunFacts:
     """Settings of the run that algorithms may read (never the whole config)."""
 
     train: TrainConfig  # resolved local-training settings
-    rounds: int
-    client_fraction: float
     seed: int
     selected_eval: bool  # MAP's protocol will score each selected client's trained model
+
+    @property
+    def rounds(self) -> int:
+        return self.train.rounds
+
+    @property
+    def client_fraction(self) -> float:
+        return self.train.client_fraction
 
 
 @dataclass
@@ -92,10 +98,6 @@ class ClientEnv:
     @property
     def num_train(self) -> int:
         return len(self.data.train_y)
-
-    def class_counts(self) -> Tensor:
-        """Training samples per class, ``[num_classes]`` floats."""
-        return torch.bincount(self.data.train_y, minlength=self.num_classes).float()
 
     def model(self, slot: int | str = 0) -> PFLModel:
         return self.models.model(self.arch, slot)
@@ -173,13 +175,7 @@ def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv,
         pool.model(arch)
     n = data.num_clients
     archs = [order[c % len(order)] if order else global_arch for c in range(n)]
-    facts = RunFacts(
-        train=cfg.train,
-        rounds=cfg.train.rounds,
-        client_fraction=cfg.train.client_fraction,
-        seed=cfg.seed,
-        selected_eval=cfg.eval.selected_clients,
-    )
+    facts = RunFacts(cfg.train, cfg.seed, cfg.eval.selected_clients)
     server = ServerEnv(
         num_clients=n,
         archs=archs,

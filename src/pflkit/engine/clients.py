@@ -213,7 +213,8 @@ def _worker_init(cfg_dump: dict[str, Any], data: FederatedDataset, threads: int)
 
 
 def _worker_job(blob: bytes) -> bytes:
-    """Run one pickled job in a worker; reply ("ok", result) or ("error", exception, text)."""
+    """Run one pickled job in a worker; reply ("ok", result), ("user", the PflkitError's
+    sentence, "") or ("error", the exception, the worker's traceback)."""
     kind, cid, args = pickle.loads(blob)
     cfg, algo, env = _WORKER["cfg"], _WORKER["algo"], _WORKER["envs"][cid]
     try:

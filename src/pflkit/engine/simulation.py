@@ -167,8 +167,7 @@ class Simulation:
         counts = np.array([len(c.test_y) for c in data.clients], dtype=float)
         row.update(personal_metrics(acc, n, counts))
         if cfg.eval.selected_clients and uploads:
-            views = {cid: algo.eval_view(senv, self.server, cid) for cid in uploads}
-            sel = self.runner.evaluate(rnd, views, uploads)
+            sel = self.runner.evaluate(rnd, {cid: views[cid] for cid in uploads}, uploads)
             row["pers_acc_selected"] = float(np.mean(list(sel.values())))
         missing = sorted(set(range(n)) - set(acc))
         if missing:
