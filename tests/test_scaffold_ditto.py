@@ -299,7 +299,7 @@ def test_dittors_global_branch_uses_rs_and_personal_branch_plain_ce(tiny):
     for key in ("head.weight", "head.bias"):
         assert torch.equal(up[key][missing], w[key][missing])  # RS, alpha = 0: no gradient
         assert not torch.equal(v[key][missing], w[key][missing])  # plain CE pushes them
-    assert parse_params({"name": "dittors"})[1].rs_mode == "soft"  # the MAP code's DittoRS
+    assert parse_params({"name": "dittors"})[1].rs_mode == "hard"  # the paper's RS (Eq. 8)
 
 
 # -- end to end ----------------------------------------------------------------------------------

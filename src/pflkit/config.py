@@ -80,10 +80,16 @@ class TrainConfig(_Section):
     weight_decay: float = Field(0.0, ge=0)
     # clip each local step's gradient to this L2 norm (off by default; the MAP code uses 100)
     grad_clip: float | None = Field(None, gt=0)
+    # the server's averaging rule for every algorithm that averages client models (those with a
+    # ``weighting`` parameter): null keeps each algorithm's own default; ``uniform`` or
+    # ``samples`` imposes one rule on all of them (a comparison states it once, here)
+    weighting: Literal["uniform", "samples"] | None = None
 
 
 class EvalConfig(_Section):
     every: int = Field(1, gt=0)  # evaluate every N rounds (and always at the last round)
+    # also evaluate every round of the last N rounds; summaries then report the mean over them
+    last: int = Field(0, ge=0)
     batch_size: int = Field(1000, gt=0)
     global_model: bool = True  # score the server model on the global test set
     # MAP's personalization protocol: also score the round's selected clients with their model
@@ -198,7 +204,7 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
         raise PflkitError(_describe(err)) from None
     from pflkit.algorithms import resolve_params  # the algorithms import this module
 
-    cfg.algorithm = resolve_params(cfg.algorithm)
+    cfg.algorithm = resolve_params(cfg.algorithm, cfg.train.weighting)
     return cfg
 
 

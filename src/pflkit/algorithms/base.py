@@ -30,7 +30,7 @@ control variate, an HPM) starts as ``client_init(env)`` and lives with the clien
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -127,6 +127,10 @@ class Algorithm:
         return personal if personal is not None else upload["weights"]
 
 
+# how the server averages client models: by n_k (FedAvg) or the plain mean (MAP Alg. 1)
+Weighting = Literal["samples", "uniform"]
+
+
 def weighted_average(
     uploads: Mapping[int, Upload], key: str = "weights", uniform: bool = False
 ) -> Weights:
@@ -200,9 +204,20 @@ def parse_params(algo_cfg: Mapping[str, Any]) -> tuple[type[Algorithm], Algorith
         ) from None
 
 
-def resolve_params(algo_cfg: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_params(algo_cfg: Mapping[str, Any], weighting: str | None = None) -> dict[str, Any]:
     """``algo_cfg`` with every parameter validated and every default filled in (what a run's
-    config.yaml records)."""
+    config.yaml records). ``weighting`` (``train.weighting``) sets the ``weighting`` parameter
+    of every algorithm that has one; an algorithm entry that asks for another is refused."""
+    if weighting is not None:
+        cls, _ = parse_params(algo_cfg)
+        own = algo_cfg.get("weighting", weighting)
+        if "weighting" in cls.Params.model_fields:
+            if own != weighting:
+                raise PflkitError(
+                    f"algorithm '{cls.name}' sets weighting: {own}, but train.weighting is "
+                    f"{weighting}: remove one of them (train.weighting applies to every algorithm)"
+                )
+            algo_cfg = {**algo_cfg, "weighting": weighting}
     cls, params = parse_params(algo_cfg)
     return {"name": cls.name, **params.model_dump(mode="json")}
 

@@ -27,8 +27,9 @@ Defaults: ``lam`` = 0.1, the value in both the Ditto paper's grid for clean data
 ``train.local_epochs`` and ``personal_lr`` = ``train.lr`` (the paper uses one eta; the MAP code
 trains the personal model for as many steps as the global branch). Both branches use the
 config's optimiser settings (momentum, weight decay). DittoRS: ``alpha`` = 0.9 (MAP §3) and
-``rs_mode="soft"`` (alpha + (1 - alpha) n_c / max_j n_j), which is what the MAP code's DittoRS
-uses; ``"hard"`` is the paper's indicator rule.
+``rs_mode="hard"``, the paper's RS indicator (Eq. 8: alpha for classes the client lacks, 1
+otherwise; MAP defines DittoRS only as "RS applied to Ditto"); ``rs_mode="soft"``
+(alpha + (1 - alpha) n_c / max_j n_j) is what the MAP code's DittoRS uses.
 
 Deviations and options:
 
@@ -54,14 +55,20 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from pflkit.algorithms.base import Payload, State, Update, param, register, train_from
+from pflkit.algorithms.base import (
+    Payload,
+    State,
+    Update,
+    Weighting,
+    param,
+    register,
+    train_from,
+)
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSMode, RSParams
 from pflkit.algorithms.blocks.training import LossFn, Weights, cross_entropy
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.fedprox import proximal_loss
-
-Weighting = Literal["uniform", "samples"]
 
 
 def smooth_l1_proximal_loss(global_weights: Mapping[str, torch.Tensor], lam: float) -> LossFn:
@@ -116,4 +123,4 @@ class DittoRS(RestrictedSoftmax, Ditto):
     description = "DittoRS (MAP ablation): Ditto whose global branch uses the restricted softmax"
 
     class Params(Ditto.Params, RSParams):  # alpha (0.9), rs_mode, min_samples (1)
-        rs_mode: RSMode = param("soft", "MAP code's DittoRS; hard: the paper's indicator")
+        rs_mode: RSMode = param("hard", "paper (MAP Eq. 8); soft: MAP code's DittoRS")

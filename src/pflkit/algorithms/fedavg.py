@@ -14,13 +14,12 @@ Deviations: none. BatchNorm running statistics are averaged like parameters; int
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     State,
     Update,
+    Weighting,
     param,
     register,
     train_from,
@@ -36,7 +35,7 @@ class FedAvg(Algorithm):
     description = "FedAvg (McMahan et al. 2017): local SGD, sample-weighted model averaging"
 
     class Params(Algorithm.Params):
-        weighting: Literal["samples", "uniform"] = param("samples", "paper (Alg. 1: n_k / n)")
+        weighting: Weighting = param("samples", "paper (Alg. 1: n_k / n)")
 
     def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
         """The loss of the local steps (FedProx: + proximal term; FedRS: restricted softmax)."""

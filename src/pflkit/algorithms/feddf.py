@@ -32,6 +32,7 @@ from pflkit.algorithms.base import (
     State,
     Update,
     Upload,
+    Weighting,
     param,
     register,
     train_from,
@@ -51,7 +52,9 @@ class FedDF(Algorithm):
     )
 
     class Params(Algorithm.Params, DistillParams):
-        pass
+        weighting: Weighting = param(
+            "samples", "paper (Alg. 1: n_k-weighted average within each group)"
+        )
 
     def check(self, env: ServerEnv) -> None:
         require_public(env, self.name)
@@ -86,7 +89,7 @@ class FedDF(Algorithm):
             if not group:
                 continue
             model = env.model(arch, slot="feddf_student")
-            set_weights(model, weighted_average(group))
+            set_weights(model, weighted_average(group, uniform=self.params.weighting == "uniform"))
             distill_configured(env.run.train, self.params, model, env.public_x, teacher)
             protos[arch] = get_weights(model)
         return {**server, "protos": protos}

@@ -23,10 +23,13 @@ averaging), ``hpm_bn_recompute: true`` (HPM BatchNorm statistics recomputed on l
 ScaMAP (the authors' "MAP combined with Scaffold", details from their code, §2.5): stage A is
 SCAFFOLD's corrected local steps (option II controls, :mod:`.scaffold`) on the RS loss; the
 client uploads Delta y and Delta c, the server applies SCAFFOLD's update; stage B and the HPM
-are MAP's. The paper defines ScaMAP only as "MAP combined with Scaffold", so its defaults are
-the authors' code's: stage A all E epochs, stage B 20% of its steps at 0.5 x lr, and the
+are MAP's. The paper defines ScaMAP only as "MAP combined with Scaffold", so three defaults
+are the authors' code's: stage A all E epochs, stage B 20% of its steps at 0.5 x lr, and the
 server control update without the |S|/N factor (``control_scale: code``; SCAFFOLD itself keeps
-the SCAFFOLD paper's formula).
+the SCAFFOLD paper's formula). Two are not: the server step ``eta_g`` = 1 is the SCAFFOLD
+paper's (the code's grid is {0.5, 0.9, 0.5}), and stage A keeps the config's weight decay
+(``local_weight_decay: true``, the paper's setting for every method; the code's SCAFFOLD
+optimiser has none).
 ``stage_b_fraction: null`` gives MAP's E/2 + E/2 split, which on Fashion-MNIST produced loss
 spikes and divergence unless ``train.grad_clip: 100`` (the code's clipping) was set; stage B
 never reaches the global model, so the cause is SCAFFOLD's stage A with half the steps
@@ -39,9 +42,7 @@ HPM starts as the result (§8.4). The code's gradient clipping at norm 100
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pflkit.algorithms.base import Payload, State, Update, param, register
+from pflkit.algorithms.base import Payload, State, Update, Weighting, param, register
 from pflkit.algorithms.blocks.hpm import HPMParams, personalize
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
 from pflkit.algorithms.blocks.training import get_weights, set_weights, steps_per_epoch
@@ -58,7 +59,7 @@ from pflkit.algorithms.scaffold import (
 
 
 class MAPParams(FedAvg.Params, RSParams, HPMParams):
-    weighting: Literal["samples", "uniform"] = param("uniform", "paper (Alg. 1: mean over S_t)")
+    weighting: Weighting = param("uniform", "paper (Alg. 1: mean over S_t)")
     stage_b_fraction: float | None = param(
         None, "paper (None: E/2 + E/2); 0.1: authors' code", gt=0
     )

@@ -79,6 +79,7 @@ from pflkit.algorithms.base import (
     State,
     Update,
     Upload,
+    Weighting,
     param,
     register,
     weighted_average,
@@ -96,7 +97,6 @@ from pflkit.algorithms.blocks.training import (
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 ControlScale = Literal["paper", "code"]
-Weighting = Literal["uniform", "samples"]
 
 
 class ScaffoldStep(NamedTuple):

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pflkit.algorithms.base import parse_params, resolve_params
+from pflkit.algorithms.base import resolve_params
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import build_federated
 from pflkit.engine.runner import run_experiment
@@ -36,14 +36,17 @@ def _label(algo: dict[str, Any]) -> str:
     return f"{algo['name']}({extra})" if extra else algo["name"]
 
 
-def _normalise(algorithms: list[str | dict[str, Any]]) -> list[dict[str, Any]]:
+def _normalise(
+    algorithms: list[str | dict[str, Any]], weighting: str | None
+) -> list[dict[str, Any]]:
     out = [{"name": a} if isinstance(a, str) else dict(a) for a in algorithms]
     for a in out:
         if "name" not in a:
             raise PflkitError(
                 f"compare algorithm entry {a} has no 'name': write {{name: fedavg, ...}}"
             )
-        parse_params(a)  # unknown names and bad parameters fail before anything runs
+        # unknown names, bad parameters and a clash with train.weighting fail before anything runs
+        resolve_params(a, weighting)
     labels = [_label(a) for a in out]
     if len(set(labels)) != len(labels):
         raise PflkitError(
@@ -63,7 +66,7 @@ def run_compare(
     cfg: ExperimentConfig, out: str | Path, progress: bool | None = None
 ) -> dict[str, Any]:
     out = Path(out)
-    algorithms = _normalise(cfg.compare.algorithms)
+    algorithms = _normalise(cfg.compare.algorithms, cfg.train.weighting)
     seeds = cfg.compare.seeds
     if out.exists() and any(out.iterdir()):
         raise PflkitError(
@@ -76,7 +79,9 @@ def run_compare(
         label = _label(algo)
         runs = []
         for seed in seeds:
-            run_cfg = cfg.model_copy(update={"algorithm": resolve_params(algo), "seed": seed})
+            run_cfg = cfg.model_copy(
+                update={"algorithm": resolve_params(algo, cfg.train.weighting), "seed": seed}
+            )
             res = run_experiment(
                 run_cfg, out=out / f"{label}-s{seed}", data=data, progress=progress
             )

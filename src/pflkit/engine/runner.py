@@ -186,7 +186,7 @@ def _run(
         "algorithm": cfg.algorithm["name"],
         "seed": cfg.seed,
         "partition_id": sim.data.partition_id,
-    } | summarize(rows)
+    } | summarize(rows, cfg.eval.last)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     from pflkit.report.plots import plot_run
 

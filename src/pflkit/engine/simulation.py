@@ -138,7 +138,7 @@ class Simulation:
             row["train_loss"] = float(np.mean(losses))
         row["bytes_down"] = [down[c] for c in selected]
         row["bytes_up"] = [up[c] for c in selected]
-        if rnd % cfg.eval.every == 0 or rnd == cfg.train.rounds:
+        if rnd % cfg.eval.every == 0 or rnd > cfg.train.rounds - max(cfg.eval.last, 1):
             row.update(self.evaluate(rnd, uploads))
         row.update(self.runner.row_extras(row))
         t2 = time.perf_counter()

@@ -28,21 +28,30 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         raise PflkitError(f"cannot read metrics file '{path}': {err}") from None
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], last: int = 0) -> dict[str, Any]:
     """Summary of one run. ``final`` is the last evaluated round (what papers should report);
-    ``best_on_test`` picks the best round *on the test data* and is labelled as such."""
+    ``mean_last`` (when ``last`` > 0, ``eval.last``) the mean over the evaluated rounds among the
+    last ``last`` rounds; ``best_on_test`` picks the best round *on the test data* and is
+    labelled as such."""
     evaluated = [r for r in rows if "pers_acc_mean" in r]
     out: dict[str, Any] = {"rounds": rows[-1]["round"] if rows else 0}
     if evaluated:
-        last = evaluated[-1]
-        out["final"] = {"round": last["round"]} | {k: last[k] for k in ACC_KEYS if k in last}
+        last_row = evaluated[-1]
+        out["final"] = {"round": last_row["round"]} | {
+            k: last_row[k] for k in ACC_KEYS if k in last_row
+        }
+        if last:
+            window = [r for r in evaluated if r["round"] > out["rounds"] - last]
+            out["mean_last"] = {"rounds": [window[0]["round"], window[-1]["round"]]} | {
+                k: float(np.mean([r[k] for r in window])) for k in ACC_KEYS if k in last_row
+            }
         out["best_on_test"] = {
             k: {
                 "value": max(r[k] for r in evaluated),
                 "round": max(evaluated, key=lambda r: r[k])["round"],
             }
             for k in ("global_acc", "pers_acc_mean")
-            if k in last
+            if k in last_row
         }
     down = [b for r in rows for b in r["bytes_down"]]
     up = [b for r in rows for b in r["bytes_up"]]

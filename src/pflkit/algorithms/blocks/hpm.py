@@ -74,12 +74,13 @@ def kd_loss(student: Tensor, teacher: Tensor, tau: float = 4.0, form: str = "pap
 
 
 def mmd_loss(h: Tensor, hp: Tensor, kernels: int = 5, mul: float = 2.0) -> Tensor:
-    """Multi-kernel Gaussian MMD^2 (biased) between feature batches ``h`` and ``hp``."""
+    """Multi-kernel Gaussian MMD^2 (biased) between feature batches ``h`` and ``hp``. As the
+    authors' code, each bandwidth gets 1e-8 so identical batches give 0, not 0/0."""
     z = torch.cat([h, hp])
     d2 = torch.cdist(z, z).pow(2)
     n = len(z)
     base = d2.detach().sum() / (n * n - n) / mul ** (kernels // 2)
-    k = sum(torch.exp(-d2 / (base * mul**i)) for i in range(kernels))
+    k = sum(torch.exp(-d2 / (base * mul**i + 1e-8)) for i in range(kernels))
     b = len(h)
     return k[:b, :b].mean() + k[b:, b:].mean() - 2 * k[:b, b:].mean()
 

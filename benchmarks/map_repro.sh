@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# MAP reproduction on real Fashion-MNIST, LeNet column (docs/map.md, "Reproduction").
+#
+#   benchmarks/map_repro.sh [JOBS] [OUT]        # defaults: 2 jobs, runs/map-fmnist_lenet
+#   python benchmarks/map_table.py fmnist_lenet runs/map-fmnist_lenet
+#
+# Runs every (method, seed) of configs/map/fmnist_lenet.yaml's compare section as its own
+# `pflkit run`, JOBS at a time with one torch thread each (the numbers equal the process-pool
+# runner's at one thread per worker, tests/test_conformance.py), into OUT/<method>-s<seed>, the
+# folder layout of `pflkit compare`. Then the aggregation-gap arms (docs/map.md), fixed before
+# any run. Safe to stop and restart: a finished run (summary.json) is skipped, an interrupted
+# one resumes from its last checkpoint (every 10 rounds), one without a checkpoint restarts.
+set -euo pipefail
+JOBS=${1:-2}
+OUT=${2:-runs/map-fmnist_lenet}
+CONFIG=configs/map/fmnist_lenet.yaml
+PFLKIT=${PFLKIT:-.venv/bin/pflkit}
+export OUT CONFIG PFLKIT
+mkdir -p "$OUT"
+
+run_one() {  # label seed [--set ...]
+    local label=$1 seed=$2 dir="$OUT/$1-s$2"
+    shift 2
+    if [[ -f $dir/summary.json ]]; then return 0; fi
+    if [[ -f $dir/checkpoints/latest.pt ]]; then
+        "$PFLKIT" run --resume "$dir" -q >"$dir.log" 2>&1
+    else
+        rm -rf "$dir"
+        "$PFLKIT" run "$CONFIG" -q --out "$dir" --set "seed=$seed" --set threads=1 \
+            --set engine.workers=1 "$@" >"$dir.log" 2>&1
+    fi
+    echo "$(date +%H:%M) done $label-s$seed: $(tail -n 2 "$dir.log" | tr '\n' ' ')"
+}
+export -f run_one
+
+methods="fedavg fedprox scaffold fedrs fedphp ditto dittors scars map scamap"
+{
+    for m in $methods; do echo "$m 0 --set algorithm.name=$m"; done
+    # aggregation-gap arms (seed 0): stage-A length, alpha, FedAvg's own weighting, the
+    # authors' code settings for MAP and FedAvg
+    echo "map_stageA_E 0 --set algorithm.name=map --set algorithm.stage_b_fraction=0.1 --set algorithm.stage_b_lr_scale=0.2"
+    echo "map_alpha0.5 0 --set algorithm.name=map --set algorithm.alpha=0.5 --set algorithm.lam=0.1"
+    echo "fedavg_samples 0 --set algorithm.name=fedavg --set train.weighting=null --set algorithm.weighting=samples"
+    echo "map_code 0 --set algorithm.name=map --set algorithm.stage_b_fraction=0.1 --set algorithm.stage_b_lr_scale=0.2 --set algorithm.kd_form=code --set algorithm.mu_schedule=code --set train.weighting=null --set algorithm.weighting=samples --set train.grad_clip=100 --set train.batch_size=32"
+    echo "fedavg_code 0 --set algorithm.name=fedavg --set train.grad_clip=100 --set train.batch_size=32"
+    for s in 1 2; do
+        for m in $methods; do echo "$m $s --set algorithm.name=$m"; done
+    done
+} | xargs -P "$JOBS" -L 1 bash -c 'run_one "$@"' _
