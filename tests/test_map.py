@@ -253,3 +253,175 @@ def test_scamap_defaults_to_the_code_stage_split_and_stage_b_never_reaches_the_s
     for part in ("weights", "control"):
         for k, v in servers[0][part].items():
             assert torch.equal(v, servers[1][part][k])
+
+
+# -- the defining math, by value against hand computations (issue 10) ---------------------------
+def _softmax(z):
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _two_heads():
+    """A student and a teacher Head with fixed weights, a batch of 3 and its labels."""
+    student, teacher = Head(), Head()
+    with torch.no_grad():
+        student.head.weight.copy_(torch.tensor([[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0]]))
+        teacher.head.weight.copy_(torch.tensor([[0.5, 0, 1], [2, 0, 0], [0, -1, 0], [0, 0, 0]]))
+    x = torch.tensor([[1.0, 2.0, 0.0], [0.0, -1.0, 3.0], [2.0, 0.5, 1.0]])
+    return student, teacher, x, torch.tensor([0, 2, 2])
+
+
+def test_rs_loss_by_value_for_a_fractional_alpha():
+    # MAP Eq. 8 with alpha = 0.5 on a client that observes classes 0 and 2: logits z = W x,
+    # missing classes 1 and 3 scaled by 0.5, then cross-entropy averaged over the batch
+    model, _, x, y = _two_heads()
+    z = np.array([[1, 2, 0, 3], [0, -1, 3, -1], [2, 0.5, 1, 2.5]])  # W x by hand
+    a = np.array([1, 0.5, 1, 0.5])
+    p = _softmax(z * a)
+    expect = -np.mean(np.log(p[[0, 1, 2], [0, 2, 2]]))
+    scale = rs_scale(class_counts(y, 4), alpha=0.5)
+    assert rs_loss(scale)(model, x, y).item() == pytest.approx(expect, rel=1e-6)
+
+
+def test_kd_loss_averages_over_the_batch():
+    # Eq. 11 for a batch of 3: tau^2 times the mean (not the sum) of the per-sample KL terms
+    s = torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 3.0], [-1.0, 1.0, 0.0]])
+    t = torch.tensor([[0.2, 3.0, -1.0], [1.0, 1.0, 1.0], [2.0, 0.0, 0.0]])
+    ps, pt = _softmax(s.numpy() / 4), _softmax(t.numpy() / 4)
+    per_sample = (pt * np.log(pt / ps)).sum(1)
+    assert kd_loss(s, t, 4.0).item() == pytest.approx(16 * per_sample.mean(), rel=1e-5)
+    ce = -(pt * np.log(_softmax(s.numpy()))).sum(1).mean()  # the code's form, batch mean too
+    assert kd_loss(s, t, 4.0, form="code").item() == pytest.approx(ce, rel=1e-5)
+
+
+@pytest.mark.parametrize("kt", ["kd", "mmd"])
+def test_eq13_weights_ce_by_one_minus_lambda_and_kt_by_lambda(kt):
+    from pflkit.algorithms.blocks.hpm import HPMParams, kt_loss
+
+    student, teacher, x, y = _two_heads()
+    lam = 0.2  # asymmetric, so swapping lambda and 1 - lambda changes the value
+    g = (x @ student.head.weight.T).detach().numpy()
+    gp = (x @ teacher.head.weight.T).detach().numpy()
+    ce = -np.mean(np.log(_softmax(g)[[0, 1, 2], y.numpy()]))
+    if kt == "kd":
+        ps, pt = _softmax(g / 4), _softmax(gp / 4)
+        ktv = 16 * (pt * np.log(pt / ps)).sum(1).mean()
+    else:  # features are x for both (Head.features): MMD between a batch and itself is 0
+        ktv = 0.0
+    loss = kt_loss(teacher, HPMParams(lam=lam, kt=kt))(student, x, y)
+    assert loss.item() == pytest.approx((1 - lam) * ce + lam * ktv, rel=1e-5)
+
+
+def test_mmd_of_identical_batches_is_zero_not_nan():
+    z = torch.zeros(4, 3)
+    assert mmd_loss(z, z).item() == 0.0  # the bandwidth epsilon (1e-8) of the authors' code
+
+
+def test_stage_b_distils_from_the_hpm(tiny):
+    # the same start, seed and data with two different HPMs: the fine-tuned model must differ
+    # (if the teacher were the student itself, KT would do nothing and both would be equal)
+    sim = Simulation(
+        tiny(algorithm={"name": "fedphp", "lam": 0.5}, train={"rounds": 10, "client_fraction": 0.5})
+    )
+    env, p = sim.envs[0], sim.algo.params
+    w0 = sim.server["weights"]
+    trained = []
+    for shift in (0.0, 0.5):
+        hpm = {k: v + shift * torch.sign(v) for k, v in w0.items()}
+        model = env.model()
+        set_weights(model, w0)
+        seed_torch(3)
+        personalize(env, model, {"hpm": hpm, "selected": 1}, p)
+        trained.append(get_weights(model))
+    assert any(not torch.allclose(trained[0][k], trained[1][k]) for k in w0)
+
+
+def test_incomplete_partition_balances_a_clients_classes_with_quantity_skew():
+    # MAP §4.2 with fixed draws: n_k = (2, 3, 2), classes {0,1}, {0,1,2}, {1,2}, skew
+    # s = (1, 2, 0.5); rows d_k = s_k / n_k on the drawn classes; each class column is shared
+    # in proportion to d_k: class 0: 0.5 : 2/3 (3/7, 4/7 of 60 -> 26, 34), class 1:
+    # 0.5 : 2/3 : 0.25 (6/17, 8/17, 3/17 -> 21, 28, 11), class 2: 2/3 : 0.25 (8/11, 3/11 -> 44, 16);
+    # cumulative rounding of the slice ends
+    from pflkit.data.partition import incomplete as incomplete_partition
+
+    class Draws:
+        def __init__(self):
+            self.sets = [np.array([0, 1]), np.array([0, 1, 2]), np.array([1, 2])]
+
+        def integers(self, lo, hi, size):
+            return np.array([2, 3, 2])
+
+        def choice(self, n, size, replace):
+            return self.sets.pop(0)
+
+        def lognormal(self, mean, sigma, size):
+            return np.array([1.0, 2.0, 0.5])
+
+        def permutation(self, x):
+            return np.random.default_rng(0).permutation(x)
+
+        def shuffle(self, x):
+            np.random.default_rng(0).shuffle(x)
+
+    labels = np.repeat(np.arange(3), 60)
+    parts = incomplete_partition(labels, 3, Draws(), min_classes=2, sigma=0.3)
+    counts = np.array([np.bincount(labels[p], minlength=3) for p in parts])
+    assert counts.tolist() == [[26, 21, 0], [34, 28, 44], [0, 11, 16]]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(180))  # every sample, once
+
+
+def test_selected_client_protocol_scores_the_hpm_of_the_selected_clients(tiny):
+    # MAP's personalization accuracy: the round's selected clients only, each with its HPM
+    # right after local training, on its local test split, unweighted mean (specs/map.md §4.4)
+    sim = Simulation(incomplete(tiny))
+    row = sim.run_round(1)
+    selected = row["clients"]
+    assert 0 < len(selected) < sim.data.num_clients
+
+    def acc(cid, weights):
+        model = sim.envs[cid].model(slot="check")
+        set_weights(model, weights)
+        model.eval()
+        with torch.no_grad():
+            pred = model(sim.data.clients[cid].test_x).argmax(1)
+        return int((pred == sim.data.clients[cid].test_y).sum()) / len(pred)
+
+    hpm = [acc(c, sim.clients[c]["hpm"]) for c in selected]
+    assert row["pers_acc_selected"] == pytest.approx(np.mean(hpm), abs=1e-12)
+    # the alternatives the protocol must not compute are different numbers here
+    every = [acc(c, sim.clients[c].get("hpm", sim.server["weights"])) for c in range(6)]
+    assert np.mean(every) != pytest.approx(np.mean(hpm), abs=1e-6)
+
+
+def test_map_stage_b_runs_at_the_scaled_learning_rate(tiny, monkeypatch):
+    sim = Simulation(incomplete(tiny, stage_b_lr_scale=0.25))
+    env, calls = sim.envs[0], []
+    real = type(env).train
+
+    def spy(self, model, **kw):
+        calls.append(kw)
+        return real(self, model, **kw)
+
+    monkeypatch.setattr(type(env), "train", spy)
+    state = {"hpm": sim.server["weights"], "selected": 1}
+    sim.algo.client_update(env, {"weights": sim.server["weights"]}, state, 2, "train")
+    steps_a, steps_b = sim.algo.stage_steps(env)
+    assert [c.get("steps") for c in calls] == [steps_a, steps_b]
+    assert "lr" not in calls[0] or calls[0]["lr"] == 0.05  # stage A: train.lr
+    assert calls[1]["lr"] == pytest.approx(0.05 * 0.25)  # stage B: 0.25 x train.lr
+
+
+def test_fedphp_uploads_the_fine_tuned_model_and_folds_it_into_the_hpm(tiny):
+    # FedPHP: the upload is the model fine-tuned from the download; the HPM becomes
+    # (1 - mu_k) upload + mu_k old HPM with mu_k = 0.9 z / (Q T) = 0.9 * 3 / (0.5 * 10) = 0.54
+    sim = Simulation(
+        tiny(algorithm={"name": "fedphp"}, train={"rounds": 10, "client_fraction": 0.5})
+    )
+    env, w0 = sim.envs[1], sim.server["weights"]
+    old = {k: v + 0.3 for k, v in w0.items()}
+    up = sim.algo.client_update(env, {"weights": w0}, {"hpm": old, "selected": 2}, 3, "train")
+    new, sent = up.state["hpm"], up.upload["weights"]
+    assert up.state["selected"] == 3
+    for k in w0:
+        assert torch.allclose(new[k], 0.46 * sent[k] + 0.54 * old[k], atol=1e-6)
+    assert any(not torch.allclose(sent[k], new[k]) for k in w0)
