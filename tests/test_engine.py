@@ -10,6 +10,7 @@ import torch
 
 from pflkit.algorithms.base import nbytes, weighted_average
 from pflkit.engine import Simulation, run_experiment, sample_clients
+from pflkit.errors import PflkitError
 from pflkit.eval import summarize_clients
 
 
@@ -129,3 +130,53 @@ def test_a_dead_worker_is_one_clear_error_not_a_hang(tiny):
         sim.run_round(2)
     assert sim.runner.executor is None  # every worker was stopped
     sim.close()
+
+
+def test_train_weighting_sets_every_averaging_algorithm_and_refuses_a_clash(tiny, tmp_path):
+    from pflkit.engine.compare import run_compare
+
+    for name in ("fedavg", "fedprox", "fedphp", "ditto", "scaffold", "map"):
+        cfg = tiny(algorithm={"name": name}, train={"weighting": "samples"})
+        assert cfg.algorithm["weighting"] == "samples"
+    assert tiny(algorithm={"name": "fedavg"}).algorithm["weighting"] == "samples"  # own default
+    assert tiny(algorithm={"name": "map"}).algorithm["weighting"] == "uniform"
+    assert (
+        "weighting"
+        not in tiny(algorithm={"name": "local"}, train={"weighting": "uniform"}).algorithm
+    )
+    with pytest.raises(
+        PflkitError, match="sets weighting: samples, but train.weighting is uniform"
+    ):
+        tiny(algorithm={"name": "fedavg", "weighting": "samples"}, train={"weighting": "uniform"})
+    # compare applies it to every entry, and refuses a clash before anything runs
+    cfg = tiny(
+        train={"weighting": "uniform", "rounds": 1},
+        compare={"algorithms": ["fedavg", "local"], "seeds": [0]},
+    )
+    out = run_compare(cfg, tmp_path / "c", progress=False)
+    saved = (tmp_path / "c" / "fedavg-s0" / "config.yaml").read_text()
+    assert "weighting: uniform" in saved and out["results"]
+    bad = cfg.model_copy(
+        update={
+            "compare": cfg.compare.model_copy(
+                update={"algorithms": [{"name": "fedavg", "weighting": "samples"}]}
+            )
+        }
+    )
+    with pytest.raises(PflkitError, match="train.weighting"):
+        run_compare(bad, tmp_path / "d", progress=False)
+    assert not (tmp_path / "d").exists()
+
+
+def test_eval_last_evaluates_the_final_rounds_and_summarises_their_mean(tiny, tmp_path):
+    res = run_experiment(
+        tiny(train={"rounds": 6}, eval={"every": 4, "last": 2}), out=tmp_path / "r"
+    )
+    evaluated = [r["round"] for r in res.rows if "pers_acc_mean" in r]
+    assert evaluated == [4, 5, 6]
+    by_round = {r["round"]: r for r in res.rows}
+    m = res.summary["mean_last"]
+    assert m["rounds"] == [5, 6]
+    for key in ("global_acc", "pers_acc_mean"):
+        assert m[key] == pytest.approx((by_round[5][key] + by_round[6][key]) / 2)
+    assert "mean_last" not in run_experiment(tiny(), out=tmp_path / "s").summary
