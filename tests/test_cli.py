@@ -190,3 +190,55 @@ def test_ctrl_c_stops_every_worker_and_leaves_a_resumable_run(tmp_path):
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
     assert left.stdout.strip() == ""
     assert (out / "checkpoints" / "latest.pt").exists()
+
+
+def _table_numbers(folder: Path) -> dict:
+    """results.json without the timing column (the only field that differs between runs)."""
+    res = json.loads((folder / "results.json").read_text())
+    return {k: {f: v for f, v in r.items() if f != "seconds_per_round"} for k, r in res.items()}
+
+
+def test_a_killed_compare_continues_to_the_same_table(cfg_file, tmp_path):
+    import signal
+    import time
+
+    args = ["--algorithms", "local,fedavg", "--seeds", "0,1", "-q"]
+    sets = ["--set", "train.rounds=40", "--set", "output.checkpoint_every=1"]
+    whole = pflkit("compare", str(cfg_file), *args, *sets, "--out", "whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    cmd = [sys.executable, "-m", "pflkit.cli", "compare", str(cfg_file), *args, *sets]
+    proc = subprocess.Popen([*cmd, "--out", "cut"], cwd=tmp_path, stderr=subprocess.DEVNULL)
+    ckpt = tmp_path / "cut" / "local-s1" / "checkpoints" / "latest.pt"
+    deadline = time.time() + 120
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)  # mid-way through the second run
+    proc.wait()
+    assert not (tmp_path / "cut" / "local-s1" / "summary.json").exists()
+    assert not (tmp_path / "cut" / "results.json").exists()
+    again = pflkit("compare", str(cfg_file), *args, *sets, "--out", "cut", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert _table_numbers(tmp_path / "cut") == _table_numbers(tmp_path / "whole")
+    # a finished compare is not rerun: its run folders are left as they are
+    stamp = (tmp_path / "cut" / "local-s0" / "metrics.jsonl").stat().st_mtime_ns
+    assert (
+        pflkit("compare", str(cfg_file), *args, *sets, "--out", "cut", cwd=tmp_path).returncode == 0
+    )
+    assert (tmp_path / "cut" / "local-s0" / "metrics.jsonl").stat().st_mtime_ns == stamp
+    # another config into the same folder is refused in one sentence
+    other = pflkit(
+        "compare", str(cfg_file), *args, "--set", "train.lr=0.5", "--out", "cut", cwd=tmp_path
+    )
+    assert other.returncode == 2 and "holds a compare of another config" in other.stderr
+    assert "Traceback" not in other.stderr
+
+
+def test_compare_jobs_gives_the_one_job_numbers(cfg_file, tmp_path):
+    args = ["--algorithms", "local,fedavg,fedprox", "--seeds", "0", "-q", "--set", "threads=1"]
+    one = pflkit("compare", str(cfg_file), *args, "--out", "one", cwd=tmp_path)
+    two = pflkit("compare", str(cfg_file), *args, "--jobs", "2", "--out", "two", cwd=tmp_path)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    assert _table_numbers(tmp_path / "two") == _table_numbers(tmp_path / "one")
+    bad = pflkit("compare", str(cfg_file), *args, "--jobs", "0", "--out", "bad", cwd=tmp_path)
+    assert bad.returncode == 2 and "jobs must be at least 1" in bad.stderr
+    assert not (tmp_path / "bad").exists()

@@ -79,8 +79,17 @@ def compare(
     ] = None,
     out: OutOpt = None,
     quiet: QuietOpt = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            help="Whole runs at once, one process each (1 torch thread each unless `threads` "
+            "is set). Rerunning into the same --out continues a compare."
+        ),
+    ] = 1,
 ) -> None:
-    """Compare algorithms on one partition over several seeds: markdown table + curves."""
+    """Compare algorithms on one partition over several seeds: markdown table + curves.
+    Into an existing compare folder of the same config it continues: finished runs are
+    kept, interrupted ones resume from their checkpoints."""
     from pflkit.engine.compare import run_compare
 
     overrides = list(set_ or [])
@@ -91,7 +100,7 @@ def compare(
     cfg = load_config(config, overrides)
     if out is None:
         out = Path(cfg.output.dir) / f"compare-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    res = run_compare(cfg, out, progress=False if quiet else None)
+    res = run_compare(cfg, out, progress=False if quiet else None, jobs=jobs)
     print(res["table"])
     out_console.print(f"written to {res['out']}")
 

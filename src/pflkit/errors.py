@@ -15,6 +15,10 @@ class PflkitError(Exception):
     """A user mistake, reported as one clear sentence (CLI exit code 2)."""
 
 
+class RunInterrupted(PflkitError):
+    """Ctrl-C stopped a run after its checkpoint was saved; the sentence says how to resume."""
+
+
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> PflkitError:
     """Error for an unknown registry name, suggesting the closest known one."""
     known = sorted(known)

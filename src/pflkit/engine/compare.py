@@ -3,25 +3,42 @@ over several training seeds; a markdown table (mean ± std over seeds, last roun
 
 Output folder::
 
+    <out>/compare.yaml         the config the compare was started with (its identity)
     <out>/<label>-s<seed>/     one run folder per algorithm and seed
     <out>/results.md           the table
     <out>/results.json         the same numbers, machine-readable
     <out>/accuracy.png         personalized (and global) accuracy curves, mean and band over seeds
+
+Resumable: running the same compare into the same folder again skips every finished run
+(``summary.json``), resumes every interrupted one from its checkpoint and starts the rest; a
+folder started with another config is refused. ``jobs`` > 1 runs that many whole runs at
+once, each in its own process with one client runner in-process (``engine.workers: 1``) and
+``threads`` torch threads (default 1): the numbers equal a one-job compare at the same
+thread count.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import shutil
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from pflkit.algorithms.base import resolve_params
-from pflkit.config import ExperimentConfig
-from pflkit.data.federated import build_federated
-from pflkit.engine.runner import run_experiment
-from pflkit.errors import PflkitError
+from pflkit.config import ExperimentConfig, validate
+from pflkit.data.federated import FederatedDataset, build_federated
+from pflkit.engine.runner import CHECKPOINT, RunResult, run_experiment
+from pflkit.errors import PflkitError, RunInterrupted
+from pflkit.report.summary import read_metrics
+
+MANIFEST = "compare.yaml"
+# keys that may differ when a compare is continued: they do not change a run's numbers
+_FREE = ("engine", "output", "threads", "compare")
 
 COLUMNS = [
     ("pers_acc_mean", "personalized acc (%)"),
@@ -62,30 +79,124 @@ def _fmt(values: list[float]) -> str:
     return f"{v.mean():.2f} ± {v.std():.2f}"
 
 
-def run_compare(
-    cfg: ExperimentConfig, out: str | Path, progress: bool | None = None
-) -> dict[str, Any]:
-    out = Path(out)
-    algorithms = _normalise(cfg.compare.algorithms, cfg.train.weighting)
-    seeds = cfg.compare.seeds
+def _claim(out: Path, cfg: ExperimentConfig) -> bool:
+    """Start ``out`` as a compare of ``cfg``, or accept it as one already started with the same
+    config; True when continuing."""
+    identity = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _FREE}
+    text = yaml.safe_dump(identity, sort_keys=True)
+    manifest = out / MANIFEST
+    if manifest.exists():
+        if manifest.read_text() != text:
+            raise PflkitError(
+                f"compare folder '{out}' holds a compare of another config (only engine, "
+                "output, threads and compare may change when continuing one): choose another --out"
+            )
+        return True
     if out.exists() and any(out.iterdir()):
         raise PflkitError(
-            f"compare folder '{out}' already exists and is not empty: choose another --out"
+            f"compare folder '{out}' already exists, is not empty and is not a pflkit compare "
+            "folder: choose another --out"
         )
-    data = build_federated(cfg.data)  # one partition for every run
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = manifest.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(manifest)
+    return False
+
+
+def _run_one(
+    cfg: ExperimentConfig, folder: Path, data: FederatedDataset | None, progress: bool | None
+) -> None:
+    """Run ``cfg`` into ``folder``: resume it from its checkpoint, or start it afresh."""
+    if (folder / CHECKPOINT).exists():
+        run_experiment(resume=folder, data=data, progress=progress)
+        return
+    if folder.exists():
+        shutil.rmtree(folder)  # interrupted before its first checkpoint
+    run_experiment(cfg, out=folder, data=data, progress=progress)
+
+
+def _job(cfg_json: dict[str, Any], folder: str) -> str:
+    """One whole run in a ``jobs`` worker process."""
+    _run_one(validate(cfg_json), Path(folder), None, progress=False)
+    return Path(folder).name
+
+
+def _load(folder: Path) -> RunResult:
+    summary = json.loads((folder / "summary.json").read_text())
+    return RunResult(folder, summary, read_metrics(folder / "metrics.jsonl"))
+
+
+def _run_all(tasks: list[tuple[ExperimentConfig, Path]], cfg, jobs: int, progress) -> None:
+    todo = [(c, f) for c, f in tasks if not (f / "summary.json").exists()]
+    if jobs == 1:
+        data = build_federated(cfg.data) if todo else None  # one partition for every run
+        for run_cfg, folder in todo:
+            _run_one(run_cfg, folder, data, progress)
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: safe after torch threads
+    done = len(tasks) - len(todo)
+    with ProcessPoolExecutor(min(jobs, max(len(todo), 1)), mp_context=ctx) as pool:
+        futures = []
+        for run_cfg, folder in todo:
+            solo = run_cfg.model_copy(
+                update={
+                    "threads": run_cfg.threads or 1,
+                    "engine": run_cfg.engine.model_copy(update={"workers": 1}),
+                }
+            )
+            futures.append(pool.submit(_job, solo.model_dump(mode="json"), str(folder)))
+        try:
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for f in finished:
+                    name = f.result()  # re-raises a run's error here
+                    done += 1
+                    if progress is not False:
+                        console.print(f"[{done}/{len(tasks)}] {name} finished")
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+def run_compare(
+    cfg: ExperimentConfig, out: str | Path, progress: bool | None = None, jobs: int = 1
+) -> dict[str, Any]:
+    out = Path(out)
+    if jobs < 1:
+        raise PflkitError(f"jobs must be at least 1 (got {jobs}): pass --jobs 1 or more")
+    algorithms = _normalise(cfg.compare.algorithms, cfg.train.weighting)
+    seeds = cfg.compare.seeds
+    _claim(out, cfg)
+    tasks = [
+        (
+            cfg.model_copy(
+                update={"algorithm": resolve_params(a, cfg.train.weighting), "seed": seed}
+            ),
+            out / f"{_label(a)}-s{seed}",
+        )
+        for a in algorithms
+        for seed in seeds
+    ]
+    try:
+        _run_all(tasks, cfg, jobs, progress)
+    except (KeyboardInterrupt, RunInterrupted):
+        raise RunInterrupted(
+            f"compare interrupted: run the same command with --out {out} to continue it "
+            "(finished runs are kept, interrupted ones resume from their checkpoints)"
+        ) from None
 
     results: dict[str, dict[str, Any]] = {}
+    partition_id = ""
     for algo in algorithms:
         label = _label(algo)
-        runs = []
-        for seed in seeds:
-            run_cfg = cfg.model_copy(
-                update={"algorithm": resolve_params(algo, cfg.train.weighting), "seed": seed}
-            )
-            res = run_experiment(
-                run_cfg, out=out / f"{label}-s{seed}", data=data, progress=progress
-            )
-            runs.append(res)
+        runs = [_load(out / f"{label}-s{seed}") for seed in seeds]
+        partition_id = runs[0].summary.get("partition_id", "")
         finals = [r.summary.get("final", {}) for r in runs]
         comm = [r.summary["comm"] for r in runs]
         results[label] = {
@@ -119,7 +230,7 @@ def run_compare(
             },
         }
 
-    table = _markdown(cfg, results, seeds, data.partition_id)
+    table = _markdown(cfg, results, seeds, partition_id)
     (out / "results.md").write_text(table)
     serial = {lab: {k: v for k, v in r.items() if k != "curves"} for lab, r in results.items()}
     (out / "results.json").write_text(json.dumps(serial, indent=2) + "\n")

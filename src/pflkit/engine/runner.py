@@ -25,7 +25,7 @@ from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, validate
 from pflkit.data.federated import FederatedDataset
 from pflkit.engine.clients import ClientRunner
 from pflkit.engine.simulation import Simulation
-from pflkit.errors import PflkitError
+from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.report.summary import read_metrics, summarize
 
 CHECKPOINT = Path("checkpoints") / "latest.pt"
@@ -175,7 +175,7 @@ def _run(
         bar.close()
         if sim.round > 0:
             sim.save(run_dir / CHECKPOINT)
-            raise PflkitError(
+            raise RunInterrupted(
                 f"interrupted after round {sim.round}; continue with: pflkit run --resume {run_dir}"
             ) from None
         raise
