@@ -184,8 +184,9 @@ def test_ctrl_c_stops_every_worker_and_leaves_a_resumable_run(tmp_path):
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2, err
-    assert "interrupted after round" in err and "--resume" in err and "Traceback" not in err
+    assert proc.returncode == 130, err
+    assert "SIGINT received: stopped after round" in err and "--resume" in err
+    assert "Traceback" not in err
     # no worker outlives the run (forked workers share the parent's command line)
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
     assert left.stdout.strip() == ""
@@ -242,3 +243,67 @@ def test_compare_jobs_gives_the_one_job_numbers(cfg_file, tmp_path):
     bad = pflkit("compare", str(cfg_file), *args, "--jobs", "0", "--out", "bad", cwd=tmp_path)
     assert bad.returncode == 2 and "jobs must be at least 1" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_sigterm_stops_at_the_round_end_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    import signal
+    import time
+
+    raw = tiny_config(train={"rounds": 100}, eval={"every": 10})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    whole = pflkit("run", str(path), "--out", "whole", "-q", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "cut"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pflkit.cli", "run", str(path), "--out", str(out), "-q"],
+        cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # a cluster's time limit
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "SIGTERM received: stopped after round" in err and "Traceback" not in err
+    again = pflkit("run", "--resume", str(out), "-q", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+
+    def rows(folder):
+        text = (tmp_path / folder / "metrics.jsonl").read_text().splitlines()
+        return [
+            {k: v for k, v in json.loads(r).items() if not k.startswith("seconds")} for r in text
+        ]
+
+    assert rows("cut") == rows("whole")
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert len(provenance) == 2  # the first process and the resuming one
+    assert provenance[1]["command"][1:3] == ["run", "--resume"]
+    assert {"pflkit", "torch", "python", "numpy"} <= set(provenance[0]["versions"])
+
+
+def test_a_run_stopped_before_its_first_checkpoint_leaves_nothing(tiny, tmp_path, monkeypatch):
+    from pflkit.engine import Simulation, run_experiment
+    from pflkit.errors import RunInterrupted
+
+    def ctrl_c_twice(self, rnd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Simulation, "run_round", ctrl_c_twice)
+    with pytest.raises(RunInterrupted, match="nothing was kept"):
+        run_experiment(tiny(), out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+def test_version_and_run_without_a_config(tmp_path):
+    from pflkit import __version__
+
+    v = pflkit("--version", cwd=tmp_path)
+    assert v.returncode == 0 and v.stdout.strip() == f"pflkit {__version__}"
+    r = pflkit("run", cwd=tmp_path)
+    assert r.returncode == 2 and "needs a CONFIG file" in r.stderr
+    assert "Usage" in r.stdout and not list(tmp_path.iterdir())
+    h = pflkit("--help", cwd=tmp_path)
+    assert "pflkit[flower]" in h.stdout

@@ -10,11 +10,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
 
 from pflkit.config import load_config
-from pflkit.errors import PflkitError
+from pflkit.errors import PflkitError, RunInterrupted
 
 app = typer.Typer(
     add_completion=False,
@@ -23,6 +24,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 out_console = Console()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from pflkit import __version__
+
+        print(f"pflkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """pflkit: personalized federated learning experiments."""
+
 
 ConfigArg = Annotated[
     Path | None, typer.Argument(help="Experiment config (YAML).", show_default=False)
@@ -57,6 +79,12 @@ def run(
             )
         res = run_experiment(resume=resume, overrides=set_ or [], progress=False if quiet else None)
     else:
+        if config is None:
+            ctx = click.get_current_context()
+            print(ctx.get_help())
+            raise PflkitError(
+                "pflkit run needs a CONFIG file (e.g. configs/quickstart.yaml) or --resume DIR"
+            )
         cfg = load_config(config, set_ or [])
         res = run_experiment(cfg, out=out, progress=False if quiet else None)
     final = res.summary.get("final", {})
@@ -201,7 +229,7 @@ def _show_params(name: str) -> None:
 
 flower = typer.Typer(
     no_args_is_help=True,
-    help="Run pflkit on Flower: a local try-out, or a real SuperLink (needs pflkit[flower]).",
+    help="Run pflkit on Flower: a local try-out, or a real SuperLink (needs pflkit\\[flower]).",
 )
 app.add_typer(flower, name="flower")
 
@@ -382,6 +410,9 @@ def flower_node_key(
 def main() -> None:
     try:
         app(standalone_mode=False)
+    except RunInterrupted as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(143 if err.signal == "SIGTERM" else 130)
     except PflkitError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -16,7 +16,15 @@ class PflkitError(Exception):
 
 
 class RunInterrupted(PflkitError):
-    """Ctrl-C stopped a run after its checkpoint was saved; the sentence says how to resume."""
+    """A run stopped by SIGINT (Ctrl-C) or SIGTERM; the sentence says what was kept and how to
+    continue. The CLI exits with 130 (SIGINT) or 143 (SIGTERM)."""
+
+    def __init__(self, message: str, signal: str = "SIGINT"):
+        super().__init__(message)
+        self.signal = signal
+
+    def __reduce__(self):  # survives pickling (compare's worker processes)
+        return (type(self), (str(self), self.signal))
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> PflkitError:

@@ -205,7 +205,9 @@ _WORKER: dict[str, Any] = {}  # in a worker process: its algorithm, environments
 
 
 def _worker_init(cfg_dump: dict[str, Any], data: FederatedDataset, threads: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # Ctrl-C and a cluster's SIGTERM are the parent's to handle: it finishes the round
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
     cfg = validate(cfg_dump)
     _, envs = make_envs(cfg, data)
@@ -335,7 +337,7 @@ class ProcessPool(ClientRunner):
             return
         if kill:
             for proc in list(getattr(ex, "_processes", {}).values()):
-                proc.terminate()
+                proc.kill()  # workers ignore SIGINT and SIGTERM
         ex.shutdown(wait=True, cancel_futures=True)
 
 

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import signal
+import sys
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +30,7 @@ from pflkit.data.federated import FederatedDataset
 from pflkit.engine.clients import ClientRunner
 from pflkit.engine.simulation import Simulation
 from pflkit.errors import PflkitError, RunInterrupted
+from pflkit.report.provenance import record as record_provenance
 from pflkit.report.summary import read_metrics, summarize
 
 CHECKPOINT = Path("checkpoints") / "latest.pt"
@@ -141,6 +146,53 @@ def run_experiment(
         sim.close()
 
 
+class StopSignals:
+    """While active (main thread only), SIGINT and SIGTERM ask the round loop to stop at the
+    end of the current round (``signal`` names the one received); a second SIGINT stops at
+    once (KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._saved: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        print(
+            f"{self.signal} received: stopping when this round ends (Ctrl-C again to stop now)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+
+def _stopped_mid_round(run_dir: Path, resume: bool) -> RunInterrupted:
+    """The error for a run stopped inside a round: its state there is not saved (half the
+    clients may have trained), so the last checkpoint is what continues; a new run without
+    one is removed."""
+    ckpt = run_dir / CHECKPOINT
+    if ckpt.exists():
+        return RunInterrupted(
+            "stopped in the middle of a round; the last checkpoint is kept: continue with: "
+            f"pflkit run --resume {run_dir}"
+        )
+    if not resume:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return RunInterrupted(
+        f"stopped before any checkpoint: nothing was kept ({run_dir} removed); start the run again"
+    )
+
+
 def _run(
     sim: Simulation, cfg: ExperimentConfig, run_dir: Path, resume: bool, progress: bool | None
 ) -> RunResult:
@@ -156,13 +208,15 @@ def _run(
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    record_provenance(run_dir, cfg.device)
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     show = cfg.output.progress if progress is None else progress
     bar = _Bar(show, f"{cfg.algorithm['name']} s{cfg.seed}", cfg.train.rounds, sim.round)
     every = cfg.output.checkpoint_every
+    stop = StopSignals()
     try:
-        with metrics_path.open("a") as f:
+        with stop, metrics_path.open("a") as f:
             for rnd in range(sim.round + 1, cfg.train.rounds + 1):
                 row = sim.run_round(rnd)
                 rows.append(row)
@@ -171,14 +225,17 @@ def _run(
                 bar.update(row)
                 if every and (rnd % every == 0 or rnd == cfg.train.rounds):
                     sim.save(run_dir / CHECKPOINT)
-    except KeyboardInterrupt:
+                if stop.signal and rnd < cfg.train.rounds:  # the safe point: a round's end
+                    bar.close()
+                    sim.save(run_dir / CHECKPOINT)
+                    raise RunInterrupted(
+                        f"{stop.signal} received: stopped after round {rnd} with a checkpoint; "
+                        f"continue with: pflkit run --resume {run_dir}",
+                        stop.signal,
+                    )
+    except KeyboardInterrupt:  # a second Ctrl-C: stop now, in the middle of a round
         bar.close()
-        if sim.round > 0:
-            sim.save(run_dir / CHECKPOINT)
-            raise RunInterrupted(
-                f"interrupted after round {sim.round}; continue with: pflkit run --resume {run_dir}"
-            ) from None
-        raise
+        raise _stopped_mid_round(run_dir, resume) from None
     bar.close()
 
     summary = {
