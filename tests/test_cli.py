@@ -307,3 +307,52 @@ def test_version_and_run_without_a_config(tmp_path):
     assert "Usage" in r.stdout and not list(tmp_path.iterdir())
     h = pflkit("--help", cwd=tmp_path)
     assert "pflkit[flower]" in h.stdout
+
+
+def test_a_run_without_a_terminal_logs_every_round_and_feeds_the_trackers(tmp_path):
+    raw = tiny_config(
+        train={"rounds": 3}, output={"progress": True, "trackers": ["tensorboard", "wandb"]}
+    )
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    r = pflkit("run", str(path), "--out", "r", cwd=tmp_path, WANDB_SILENT="true")
+    assert r.returncode == 0, r.stderr
+    for rnd in (1, 2, 3):  # stdout is a pipe here: one plain line per round
+        assert f"round {rnd}/3  train_loss" in r.stdout
+    log = (tmp_path / "r" / "run.log").read_text()
+    assert "round 3/3" in log and "started" in log and "finished after round 3" in log
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    import csv
+
+    with (tmp_path / "r" / "metrics.csv").open() as f:
+        long = {(int(a), b): float(c) for a, b, c in list(csv.reader(f))[1:]}
+    assert long[(3, "global_acc")] == rows[2]["global_acc"]
+    assert long[(1, "train_loss")] == rows[0]["train_loss"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
+    acc.Reload()
+    events = acc.Scalars("pers_acc_mean")
+    assert [e.step for e in events] == [1, 2, 3]
+    assert events[-1].value == pytest.approx(rows[2]["pers_acc_mean"])
+    # W&B offline: the run's record file holds the logged keys and values (protobuf records
+    # with JSON-encoded values; `wandb sync` uploads it)
+    record = next((tmp_path / "r" / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
+    assert b"pers_acc_mean" in record and json.dumps(rows[2]["global_acc"]).encode() in record
+
+
+def test_a_tracker_without_its_package_is_refused_before_anything_is_written(
+    tiny, tmp_path, monkeypatch
+):
+    import importlib.util
+
+    from pflkit.engine import run_experiment
+    from pflkit.errors import PflkitError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(PflkitError, match="'wandb' package is not installed: pip install wandb"):
+        run_experiment(tiny(output={"trackers": ["wandb"]}), out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()

@@ -119,6 +119,9 @@ class OutputConfig(_Section):
     dir: str = "runs"
     checkpoint_every: int = Field(0, ge=0)  # 0: only at the end
     progress: bool = True
+    # experiment trackers besides metrics.csv (always written): tensorboard, wandb
+    trackers: list[Literal["tensorboard", "wandb"]] = []
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
 
 
 class CompareConfig(_Section):

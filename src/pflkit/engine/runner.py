@@ -32,6 +32,7 @@ from pflkit.engine.simulation import Simulation
 from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.report.provenance import record as record_provenance
 from pflkit.report.summary import read_metrics, summarize
+from pflkit.report.trackers import Reporter, check_trackers
 
 CHECKPOINT = Path("checkpoints") / "latest.pt"
 # settings that may change when a run is resumed (everything else must stay as it was)
@@ -76,50 +77,6 @@ def resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
     return validate(apply_overrides(read_yaml(run_dir / "config.yaml"), overrides))
 
 
-class _Bar:
-    """A rich progress bar over rounds (or nothing, when progress is off)."""
-
-    def __init__(self, enabled: bool, label: str, total: int, done: int):
-        self.progress = None
-        if enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                transient=False,
-            )
-            self.task = self.progress.add_task(label, total=total, completed=done, info="")
-            self.progress.start()
-
-    def update(self, row: dict[str, Any]) -> None:
-        if self.progress is None:
-            return
-        parts = []
-        if "global_acc" in row:
-            parts.append(f"global {row['global_acc']:.3f}")
-        if "pers_acc_mean" in row:
-            parts.append(f"pers {row['pers_acc_mean']:.3f}")
-        info = " ".join(parts) or None
-        kwargs = {"info": info} if info else {}
-        self.progress.update(self.task, advance=1, **kwargs)
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-
 def run_experiment(
     cfg: ExperimentConfig | None = None,
     out: str | Path | None = None,
@@ -139,6 +96,7 @@ def run_experiment(
         assert cfg is not None, "give a config or a run folder to resume"
         run_dir = new_run_dir(cfg, out)
     # validates and builds everything before anything is written
+    check_trackers(cfg)
     sim = Simulation(cfg, data, runner)
     try:
         return _run(sim, cfg, run_dir, resume is not None, progress)
@@ -212,7 +170,7 @@ def _run(
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     show = cfg.output.progress if progress is None else progress
-    bar = _Bar(show, f"{cfg.algorithm['name']} s{cfg.seed}", cfg.train.rounds, sim.round)
+    report = Reporter(run_dir, cfg, rows, sim.round, show)
     every = cfg.output.checkpoint_every
     stop = StopSignals()
     try:
@@ -222,11 +180,10 @@ def _run(
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")
                 f.flush()
-                bar.update(row)
+                report.round(row)
                 if every and (rnd % every == 0 or rnd == cfg.train.rounds):
                     sim.save(run_dir / CHECKPOINT)
                 if stop.signal and rnd < cfg.train.rounds:  # the safe point: a round's end
-                    bar.close()
                     sim.save(run_dir / CHECKPOINT)
                     raise RunInterrupted(
                         f"{stop.signal} received: stopped after round {rnd} with a checkpoint; "
@@ -234,9 +191,12 @@ def _run(
                         stop.signal,
                     )
     except KeyboardInterrupt:  # a second Ctrl-C: stop now, in the middle of a round
-        bar.close()
+        report.close("stopped in the middle of a round (second Ctrl-C)")
         raise _stopped_mid_round(run_dir, resume) from None
-    bar.close()
+    except BaseException as err:
+        report.close(f"stopped: {err}")
+        raise
+    report.close(f"finished after round {cfg.train.rounds}")
 
     summary = {
         "name": cfg.name,
