@@ -57,12 +57,21 @@ SetOpt = Annotated[
 ]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Output folder.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
+ImportOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--import",
+        help="A module that registers your algorithms, models, datasets or partitioners "
+        "(repeatable; looked up on PYTHONPATH and in the current folder; docs/plugins.md).",
+    ),
+]
 
 
 @app.command()
 def run(
     config: ConfigArg = None,
     set_: SetOpt = None,
+    imports: ImportOpt = None,
     out: OutOpt = None,
     resume: Annotated[
         Path | None, typer.Option(help="Continue the run in this folder from its last checkpoint.")
@@ -85,7 +94,7 @@ def run(
             raise PflkitError(
                 "pflkit run needs a CONFIG file (e.g. configs/quickstart.yaml) or --resume DIR"
             )
-        cfg = load_config(config, set_ or [])
+        cfg = load_config(config, set_ or [], imports)
         res = run_experiment(cfg, out=out, progress=False if quiet else None)
     final = res.summary.get("final", {})
     shown = ", ".join(f"{k} {100 * v:.2f}%" for k, v in final.items() if k != "round")
@@ -96,6 +105,7 @@ def run(
 def compare(
     config: ConfigArg = None,
     set_: SetOpt = None,
+    imports: ImportOpt = None,
     algorithms: Annotated[
         str | None,
         typer.Option(
@@ -125,7 +135,7 @@ def compare(
         overrides.append(f"compare.algorithms=[{algorithms}]")
     if seeds:
         overrides.append(f"compare.seeds=[{seeds}]")
-    cfg = load_config(config, overrides)
+    cfg = load_config(config, overrides, imports)
     if out is None:
         out = Path(cfg.output.dir) / f"compare-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
     res = run_compare(cfg, out, progress=False if quiet else None, jobs=jobs)
@@ -137,6 +147,7 @@ def compare(
 def partition(
     config: ConfigArg = None,
     set_: SetOpt = None,
+    imports: ImportOpt = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", "-o", help="PNG heatmap path (default: partition-<id>.png)."),
@@ -148,7 +159,7 @@ def partition(
     from pflkit.data.federated import build_federated
     from pflkit.report.plots import plot_class_heatmap
 
-    cfg = load_config(config, set_ or [])
+    cfg = load_config(config, set_ or [], imports)
     data = build_federated(cfg.data)
     table = data.class_table("train") + data.class_table("test")
     t = Table(title=f"{cfg.data.dataset} {cfg.data.partition} (id {data.partition_id})")
@@ -180,8 +191,12 @@ def list_(
             help="Show one algorithm's parameters: type, default and where the default comes from.",
         ),
     ] = None,
+    imports: ImportOpt = None,
 ) -> None:
     """List algorithms, datasets, partitioners and models (or one algorithm's parameters)."""
+    from pflkit.plugins import load_plugins
+
+    load_plugins(imports or [])
     from pflkit.algorithms import ALGORITHMS
     from pflkit.data.partition import PARTITIONERS
     from pflkit.data.sources import SOURCES
@@ -273,6 +288,7 @@ def _show_summary(run_dir: Path) -> None:
 def flower_local(
     config: ConfigArg = None,
     set_: SetOpt = None,
+    imports: ImportOpt = None,
     out: OutOpt = None,
     nodes: Annotated[
         int, typer.Option(help="SuperNodes to start; clients are split among them.")
@@ -299,7 +315,7 @@ def flower_local(
     from pflkit.flower.local import Federation, split_clients
 
     waits = _waits(node_wait, round_timeout)
-    cfg = load_config(config, set_ or [])
+    cfg = load_config(config, set_ or [], imports)
     run_dir = new_run_dir(cfg, out).resolve()
     spec = split_clients(cfg.data.num_clients, nodes)
     Simulation(cfg)  # every config, data and model error now, before a process starts
@@ -326,6 +342,7 @@ def flower_local(
 def flower_run(
     config: ConfigArg = None,
     set_: SetOpt = None,
+    imports: ImportOpt = None,
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Run folder, on the SuperLink's machine.")
     ] = Path("runs/flower"),
@@ -358,7 +375,7 @@ def flower_run(
             f"--root-certificates '{root_certificates}' does not exist: check the path"
         )
     waits = _waits(node_wait, round_timeout)
-    cfg = load_config(config, set_ or [])
+    cfg = load_config(config, set_ or [], imports)
     home = Path(tempfile.mkdtemp(prefix="pflkit-flwr-")) / "flwr-home"
     Connection(superlink, home, root_certificates).run(
         cfg.to_yaml(),

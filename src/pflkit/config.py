@@ -134,6 +134,8 @@ class CompareConfig(_Section):
 
 class ExperimentConfig(_Section):
     name: str = "experiment"
+    # modules that register user algorithms, models, datasets, partitioners (pflkit.plugins)
+    plugins: list[str] = []
     seed: int = 0
     device: str = "cpu"
     threads: int | None = Field(None, gt=0)  # torch intra-op threads; default: torch's choice
@@ -201,11 +203,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def validate(raw: dict[str, Any]) -> ExperimentConfig:
     """The typed config of ``raw``; the algorithm's parameters are validated by its ``Params``
     and every default is filled in (so a run's config.yaml records all of them)."""
+    from pflkit.plugins import load_plugins  # imports the algorithms, which import this module
+
+    plugins = raw.get("plugins") or []
+    if not isinstance(plugins, list):
+        raise PflkitError(f"plugins must be a list of module names (got {plugins!r})")
+    load_plugins(plugins)  # before validation: they may register the names used below
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as err:
         raise PflkitError(_describe(err)) from None
-    from pflkit.algorithms import resolve_params  # the algorithms import this module
+    from pflkit.algorithms import resolve_params
 
     cfg.algorithm = resolve_params(cfg.algorithm, cfg.train.weighting)
     return cfg
@@ -232,7 +240,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read a YAML config (or start from defaults), apply overrides, validate."""
-    raw = read_yaml(path) if path is not None else {}
-    return validate(apply_overrides(raw, overrides or []))
+def load_config(
+    path: str | Path | None,
+    overrides: list[str] | None = None,
+    plugins: list[str] | None = None,
+) -> ExperimentConfig:
+    """Read a YAML config (or start from defaults), apply overrides, add ``plugins`` (module
+    names, e.g. from ``--import``) to its ``plugins`` list, validate."""
+    raw = apply_overrides(read_yaml(path) if path is not None else {}, overrides or [])
+    if plugins:
+        raw["plugins"] = list(dict.fromkeys([*(raw.get("plugins") or []), *plugins]))
+    return validate(raw)

@@ -1,0 +1,92 @@
+"""User extensions: algorithms, models, datasets and partitioners defined in the user's own
+modules, usable from ``pflkit run``, ``compare``, ``partition`` and the Flower apps.
+
+A plugin is a Python module that registers things when imported:
+
+- an algorithm: a subclass of :class:`pflkit.algorithms.Algorithm` decorated with
+  :func:`register_algorithm` (``pflkit.algorithms.register``);
+- a model: :func:`register_model` (``factory(input_shape, num_classes, **options)`` returning
+  a :class:`pflkit.models.PFLModel`);
+- a dataset: :func:`register_dataset` (``loader(root, download, **options)`` returning a
+  :class:`pflkit.data.sources.Source`);
+- a partitioner: :func:`register_partitioner` (``fn(labels, num_clients, rng, **params)``
+  returning one index array per client).
+
+It is loaded by name from the config's ``plugins: [module, ...]`` list (recorded in every run
+folder, so ``--resume`` and Flower's SuperNodes import it too), from ``--import MODULE`` on
+the command line (added to that list), and from the ``pflkit.plugins`` entry-point group of
+installed packages (always). docs/plugins.md has a complete, tested example.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterable
+from importlib import metadata
+
+from pflkit.algorithms.base import register as register_algorithm
+from pflkit.errors import PflkitError
+
+ENTRY_POINT_GROUP = "pflkit.plugins"
+_loaded_entry_points = False
+
+
+def _refuse_taken(kind: str, name: str, registry: dict) -> None:
+    if name in registry:
+        raise PflkitError(f"a {kind} named '{name}' is already registered: choose another name")
+
+
+def register_model(name: str, description: str, factory: Callable) -> None:
+    from pflkit.models.base import ModelInfo
+    from pflkit.models.registry import MODELS
+
+    _refuse_taken("model", name, MODELS)
+    MODELS[name] = ModelInfo(name, description, factory)
+
+
+def register_dataset(name: str, description: str, loader: Callable) -> None:
+    from pflkit.data.sources import SOURCES, SourceInfo
+
+    _refuse_taken("dataset", name, SOURCES)
+    SOURCES[name] = SourceInfo(name, description, loader)
+
+
+def register_partitioner(name: str, description: str, fn: Callable) -> None:
+    from pflkit.data.partition import PARTITIONERS, PartitionerInfo
+
+    _refuse_taken("partitioner", name, PARTITIONERS)
+    PARTITIONERS[name] = PartitionerInfo(name, description, fn)
+
+
+def load_plugins(modules: Iterable[str] = ()) -> None:
+    """Import the installed packages' ``pflkit.plugins`` entry points (once) and ``modules``."""
+    global _loaded_entry_points
+    if not _loaded_entry_points:
+        _loaded_entry_points = True
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            ep.load()
+    if modules and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # `--import my_module` finds ./my_module.py
+    for name in modules:
+        if not isinstance(name, str) or not name:
+            raise PflkitError(f"plugins lists {name!r}: write module names, e.g. [my_algorithms]")
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name is not None and name.startswith(err.name):
+                raise PflkitError(
+                    f"cannot import plugin module '{name}': no module named '{err.name}'; "
+                    "check the name and that its folder is on PYTHONPATH"
+                ) from None
+            raise
+
+
+__all__ = [
+    "load_plugins",
+    "register_algorithm",
+    "register_dataset",
+    "register_model",
+    "register_partitioner",
+]
