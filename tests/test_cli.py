@@ -65,6 +65,9 @@ def test_partition_prints_table_and_heatmap(cfg_file, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "client" in r.stdout
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    t = pflkit("partition", str(cfg_file), "--out", "t.png", "--train-only", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr
+    assert (tmp_path / "t.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize(

@@ -91,3 +91,30 @@ def test_run_without_accuracy_or_empty(tmp_path):
     plot_run([], tmp_path / "empty.png")
     _png_size(tmp_path / "loss_only.png")
     _png_size(tmp_path / "empty.png")
+
+
+def test_compare_plot_one_colour_per_algorithm_and_no_hidden_duplicates(tmp_path):
+    from pflkit.report.plots import plot_compare
+
+    r = np.arange(1, 6)
+    same_global = [(r, r / 10)]
+    curves = {
+        "fedavg": {"personalized": [(r, r / 20)], "global": same_global},
+        "fedavg_ft": {"personalized": [(r, r / 8)], "global": same_global},
+        "local": {"personalized": [(r, r / 9), (r, r / 9 + 0.01)], "global": []},
+    }
+    legend = plot_compare(curves, tmp_path / "c.png", title="fmnist, 20 clients")
+    assert legend == [
+        "fedavg, personalized",
+        "fedavg, global = fedavg_ft, global",  # drawn once, both named
+        "fedavg_ft, personalized",
+        "local, personalized",
+    ]
+    w, h = _png_size(tmp_path / "c.png")
+    assert w > h
+
+
+def test_heatmap_with_class_names(tmp_path):
+    table = np.array([[3, 0, 1], [0, 2, 2]])
+    plot_class_heatmap(table, tmp_path / "h.png", "t", class_names=["cat", "dog", "bird"])
+    _png_size(tmp_path / "h.png")

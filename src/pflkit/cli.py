@@ -152,8 +152,12 @@ def partition(
         Path | None,
         typer.Option("--out", "-o", help="PNG heatmap path (default: partition-<id>.png)."),
     ] = None,
+    train_only: Annotated[
+        bool, typer.Option("--train-only", help="Count only the clients' training samples.")
+    ] = False,
 ) -> None:
-    """Show a partition: per-client class counts (table) and a PNG heatmap."""
+    """Show a partition: per-client class counts (table) and a PNG heatmap (train + test
+    samples, or --train-only)."""
     from rich.table import Table
 
     from pflkit.data.federated import build_federated
@@ -161,7 +165,10 @@ def partition(
 
     cfg = load_config(config, set_ or [], imports)
     data = build_federated(cfg.data)
-    table = data.class_table("train") + data.class_table("test")
+    table = data.class_table("train")
+    if not train_only:
+        table = table + data.class_table("test")
+    counted = "training samples" if train_only else "samples (train + local test)"
     t = Table(title=f"{cfg.data.dataset} {cfg.data.partition} (id {data.partition_id})")
     t.add_column("client", justify="right")
     for c in range(data.num_classes):
@@ -178,7 +185,14 @@ def partition(
         )
     out_console.print(t)
     path = out or Path(f"partition-{data.partition_id}.png")
-    plot_class_heatmap(table, path, title=f"{cfg.data.dataset}: {cfg.data.partition}")
+    part = dict(cfg.data.partition)
+    name = part.pop("name", "?")
+    args = ", ".join(f"{k}={v}" for k, v in part.items())
+    title = (
+        f"{cfg.data.dataset}, {cfg.data.num_clients} clients, {name}({args}): "
+        f"{counted} per client and class"
+    )
+    plot_class_heatmap(table, path, title=title, class_names=data.class_names)
     out_console.print(f"heatmap: {path}")
 
 

@@ -55,6 +55,7 @@ class FederatedDataset:
     train_indices: list[np.ndarray]  # per client, into the source's training set
     test_indices: list[np.ndarray]
     public_x: Tensor | None = None  # unlabelled public set, when configured
+    class_names: list[str] | None = None  # the source's names of the classes, when it has them
 
     @property
     def num_clients(self) -> int:
@@ -177,6 +178,7 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
         train_indices=train_idx,
         test_indices=test_idx,
         public_x=public_x,
+        class_names=src.class_names,
     )
 
 

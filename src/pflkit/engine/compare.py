@@ -234,15 +234,13 @@ def run_compare(
     (out / "results.md").write_text(table)
     serial = {lab: {k: v for k, v in r.items() if k != "curves"} for lab, r in results.items()}
     (out / "results.json").write_text(json.dumps(serial, indent=2) + "\n")
-    from pflkit.report.plots import plot_curves
+    from pflkit.report.plots import plot_compare, setting_title
 
-    curves = {f"{lab} (pers)": r["curves"]["pers_acc_mean"] for lab, r in results.items()}
-    curves |= {
-        f"{lab} (global)": r["curves"]["global_acc"]
+    curves = {
+        lab: {"personalized": r["curves"]["pers_acc_mean"], "global": r["curves"]["global_acc"]}
         for lab, r in results.items()
-        if any(len(x) for x, _ in r["curves"]["global_acc"])
     }
-    plot_curves(curves, out / "accuracy.png", ylabel="accuracy", title=cfg.name)
+    plot_compare(curves, out / "accuracy.png", title=setting_title(cfg, seeds))
     return {"table": table, "results": serial, "out": out}
 
 

@@ -205,7 +205,7 @@ def _run(
         "partition_id": sim.data.partition_id,
     } | summarize(rows, cfg.eval.last)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    from pflkit.report.plots import plot_run
+    from pflkit.report.plots import plot_run, setting_title
 
-    plot_run(rows, run_dir / "curves.png")
+    plot_run(rows, run_dir / "curves.png", f"{cfg.algorithm['name']} | {setting_title(cfg)}")
     return RunResult(run_dir, summary, rows)

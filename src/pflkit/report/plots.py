@@ -56,8 +56,11 @@ def _no_data(ax: Any, what: str) -> None:
     ax.set_yticks([])
 
 
-def plot_class_heatmap(table: np.ndarray, path: Path, title: str = "") -> None:
-    """Heatmap of per-client class counts (rows: clients, columns: classes).
+def plot_class_heatmap(
+    table: np.ndarray, path: Path, title: str = "", class_names: Sequence[str] | None = None
+) -> None:
+    """Heatmap of per-client class counts (rows: clients, columns: classes, labelled with
+    ``class_names`` when given).
 
     Cells are annotated with their counts when the table is small (<= 400 cells).
     """
@@ -85,6 +88,8 @@ def plot_class_heatmap(table: np.ndarray, path: Path, title: str = "") -> None:
                     ax.text(j, i, f"{v:g}", ha="center", va="center", fontsize=7, color=colour)
         if n_classes <= 30:
             ax.set_xticks(range(n_classes))
+            if class_names is not None and len(class_names) == n_classes:
+                ax.set_xticklabels(class_names, rotation=45, ha="right", fontsize=8)
         if n_clients <= 40:
             ax.set_yticks(range(n_clients))
     if title:
@@ -155,6 +160,83 @@ def plot_curves(
     _save(fig, path)
 
 
+def setting_title(cfg: Any, seeds: list[int] | None = None) -> str:
+    """One line naming a run's setting, for plot titles."""
+    d, t = cfg.data, cfg.train
+    part = d.partition.get("name", "?") if isinstance(d.partition, dict) else str(d.partition)
+    args = ", ".join(f"{k}={v}" for k, v in d.partition.items() if k != "name")
+    runs = f", seeds {seeds}" if seeds else f", seed {cfg.seed}"
+    return (
+        f"{cfg.name}: {d.dataset}, {d.num_clients} clients, {part}({args}), {cfg.model.name}, "
+        f"{t.rounds} rounds, fraction {t.client_fraction}, E={t.local_epochs}{runs}"
+    )
+
+
+def _colours(n: int) -> list[Any]:
+    """n distinct colours: tab10, then tab20 for more algorithms."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def plot_compare(
+    curves: Mapping[str, Mapping[str, Sequence[tuple[np.ndarray, np.ndarray]]]],
+    path: Path,
+    title: str = "",
+) -> list[str]:
+    """A comparison: one colour per algorithm, its personalized accuracy solid and its global
+    accuracy dashed, mean over seeds with a min..max band, in percent; the legend outside the
+    axes. ``curves[label]`` maps ``"personalized"`` / ``"global"`` to a list over seeds of
+    ``(rounds, values)``. A curve equal to one already drawn (e.g. two methods with the same
+    global model) is not drawn again: its label joins that curve's legend entry. Returns the
+    legend entries."""
+    fig = _new_figure(10.0, 5.0)
+    ax = fig.add_subplot()
+    drawn: list[tuple[np.ndarray, np.ndarray, Any, list[str]]] = []
+    for colour, (label, kinds) in zip(_colours(len(curves)), curves.items(), strict=True):
+        for kind, style in (("personalized", "-"), ("global", "--")):
+            grid, mean, lo, hi = _aggregate(kinds.get(kind, []))
+            if grid.size == 0:
+                continue
+            name = f"{label}, {kind}"
+            same = next(
+                (d for d in drawn if d[0].shape == grid.shape and np.allclose(d[0], grid)
+                 and np.allclose(d[1], mean)),
+                None,
+            )  # fmt: skip
+            if same is not None:
+                same[3].append(name)
+                continue
+            (line,) = ax.plot(grid, 100 * mean, style, color=colour, linewidth=1.6)
+            if len(kinds[kind]) > 1:
+                ax.fill_between(grid, 100 * lo, 100 * hi, color=colour, alpha=0.15, linewidth=0)
+            drawn.append((grid, mean, line, [name]))
+    if drawn:
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("accuracy (%)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(
+            [d[2] for d in drawn],
+            [" = ".join(d[3]) for d in drawn],
+            fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            frameon=False,
+        )
+    else:
+        _no_data(ax, "accuracy")
+    ax.set_title(
+        (title + "\n" if title else "")
+        + "solid: personalized (mean over clients), dashed: global model; "
+        "line: mean over seeds, band: min..max",
+        fontsize=9,
+    )
+    _save(fig, path)
+    return [" = ".join(d[3]) for d in drawn]
+
+
 def _series(metrics: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
     rows = [m for m in metrics if m.get(key) is not None and m.get("round") is not None]
     r = _as_float(m["round"] for m in rows)
@@ -181,13 +263,17 @@ def _panel(ax: Any, metrics: Sequence[Mapping[str, Any]], keys: dict[str, str], 
         _no_data(ax, what)
 
 
-def plot_run(metrics: list[dict], path: Path) -> None:
-    """One run's ``metrics.jsonl`` rows: accuracy panel (global, personalized mean and worst
-    10%) and train-loss panel. Keys may be missing or None in some rows."""
-    fig = _new_figure(11.0, 4.0)
+def plot_run(metrics: list[dict], path: Path, title: str = "") -> None:
+    """One run's ``metrics.jsonl`` rows: accuracy panel in percent (global, personalized mean
+    and worst 10%) and train-loss panel, under ``title`` (the run's setting). Keys may be
+    missing or None in some rows."""
+    fig = _new_figure(11.0, 4.2)
     ax_acc, ax_loss = fig.subplots(1, 2)
-    _panel(ax_acc, metrics, _ACC_KEYS, "accuracy")
+    pct = [{**m, **{k: 100 * m[k] for k in _ACC_KEYS if m.get(k) is not None}} for m in metrics]
+    _panel(ax_acc, pct, _ACC_KEYS, "accuracy (%)")
     ax_acc.set_title("accuracy")
     _panel(ax_loss, metrics, _LOSS_KEYS, "train loss")
-    ax_loss.set_title("train loss")
+    ax_loss.set_title("train loss (mean over the round's clients)")
+    if title:
+        fig.suptitle(title, fontsize=10)
     _save(fig, path)
