@@ -23,7 +23,8 @@ app = typer.Typer(
     help="pflkit: personalized federated learning experiments.",
     pretty_exceptions_enable=False,
 )
-out_console = Console()
+# long lines are never wrapped; into a pipe or file, tables keep their natural width
+out_console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10_000)
 
 
 def _version(value: bool) -> None:
