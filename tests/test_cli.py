@@ -88,6 +88,11 @@ def test_partition_prints_table_and_heatmap(cfg_file, tmp_path):
         ("train.lr=-1", "train.lr"),
         ("trian.rounds=3", "unknown config key 'trian'"),
         ("algorithm.mu=1", "has no parameter 'mu'"),
+        ("device=gpu", "unknown device 'gpu': use auto, cpu, cuda, cuda:N or mps"),
+        ("device=meta", "unknown device 'meta'"),
+        ("device=cuda:7", "device 'cuda:7' is not available"),
+        ("plugins=my_module", "plugins must be a list of module names"),
+        ("train.weighting=mean", "train.weighting"),
     ],
 )
 def test_bad_input_is_one_sentence_and_exit_2(cfg_file, tmp_path, override, message):

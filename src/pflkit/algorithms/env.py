@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from pflkit.algorithms.blocks.training import Weights, clip_grad, get_weights, local_sgd
-from pflkit.config import ExperimentConfig, ModelConfig, TrainConfig
+from pflkit.config import ExperimentConfig, ModelConfig, TrainConfig, resolve_device
 from pflkit.data.federated import ClientData, FederatedDataset
 from pflkit.models import PFLModel, build_model
 
@@ -170,7 +170,9 @@ def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv,
     """The server environment and every client's environment of a run. Every architecture is
     built once here, so a bad model name or option fails before anything runs."""
     specs, global_arch, order = arch_specs(cfg.model)
-    pool = ModelPool(specs, data.input_shape, data.num_classes, torch.device(cfg.device))
+    pool = ModelPool(
+        specs, data.input_shape, data.num_classes, torch.device(resolve_device(cfg.device))
+    )
     for arch in specs:
         pool.model(arch)
     n = data.num_clients

@@ -37,7 +37,7 @@ from pflkit.algorithms import Algorithm, build_algorithm, make_envs
 from pflkit.algorithms.base import Payload, State, Update, Upload
 from pflkit.algorithms.blocks.training import predict, set_weights
 from pflkit.algorithms.env import ClientEnv
-from pflkit.config import ExperimentConfig, validate
+from pflkit.config import ExperimentConfig, resolve_device, validate
 from pflkit.errors import PflkitError
 
 if TYPE_CHECKING:
@@ -344,7 +344,7 @@ class ProcessPool(ClientRunner):
 def auto_workers(cfg: ExperimentConfig) -> int:
     """``engine.workers: auto``: one process per CPU core (at most one per client) on CPU,
     in-process on an accelerator. See docs/benchmarks.md for the measurements behind it."""
-    if cfg.device != "cpu":
+    if resolve_device(cfg.device) != "cpu":
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(cores or 1, cfg.data.num_clients))
@@ -356,7 +356,7 @@ def make_runner(cfg: ExperimentConfig) -> ClientRunner:
     workers = auto_workers(cfg) if e.workers == "auto" else e.workers
     if workers <= 1:
         return InProcess()
-    if cfg.device != "cpu":
+    if resolve_device(cfg.device) != "cpu":
         raise PflkitError(
             f"engine.workers {workers} needs device: cpu (got {cfg.device!r}): one process "
             "drives an accelerator; set engine.workers: 1"

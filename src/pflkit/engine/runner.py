@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, validate
+from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, resolve_device, validate
 from pflkit.data.federated import FederatedDataset
 from pflkit.engine.clients import ClientRunner
 from pflkit.engine.simulation import Simulation
@@ -166,7 +166,7 @@ def _run(
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    record_provenance(run_dir, cfg.device)
+    record_provenance(run_dir, resolve_device(cfg.device))
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     show = cfg.output.progress if progress is None else progress
