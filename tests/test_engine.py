@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -180,3 +181,73 @@ def test_eval_last_evaluates_the_final_rounds_and_summarises_their_mean(tiny, tm
     for key in ("global_acc", "pers_acc_mean"):
         assert m[key] == pytest.approx((by_round[5][key] + by_round[6][key]) / 2)
     assert "mean_last" not in run_experiment(tiny(), out=tmp_path / "s").summary
+
+
+# -- run-folder safety (engine/folder.py) ----------------------------------------------------------
+def _interrupted_run(tiny, tmp_path, monkeypatch, rounds=5, stop_in=4, **sections):
+    """A run stopped inside round ``stop_in`` (checkpoints every 2 rounds) and its folder."""
+    cfg = tiny(
+        train={"rounds": rounds}, output={"checkpoint_every": 2, "progress": False}, **sections
+    )
+    real = Simulation.run_round
+
+    def stop(self, rnd):
+        if rnd == stop_in:
+            raise KeyboardInterrupt
+        return real(self, rnd)
+
+    monkeypatch.setattr(Simulation, "run_round", stop)
+    with pytest.raises(PflkitError, match="last checkpoint is kept"):
+        run_experiment(cfg, out=tmp_path / "cut")
+    monkeypatch.setattr(Simulation, "run_round", real)
+    return cfg, tmp_path / "cut"
+
+
+def test_a_second_writer_is_refused_and_a_stale_lock_taken_over(tiny, tmp_path, monkeypatch):
+    from pflkit.engine.folder import FolderLock
+
+    _, folder = _interrupted_run(tiny, tmp_path, monkeypatch)
+    with FolderLock(folder):  # another process is running it
+        with pytest.raises(PflkitError, match=r"is in use by process \d+ on .*wait for it"):
+            run_experiment(resume=folder)
+    # a lock left by a process that no longer exists is taken over
+    (folder / ".lock").write_text(
+        json.dumps({"pid": 2**22 + 7, "host": __import__("socket").gethostname()})
+    )
+    res = run_experiment(resume=folder)
+    assert res.summary["rounds"] == 5 and not (folder / ".lock").exists()
+
+
+def test_resume_refuses_an_edited_config_or_a_foreign_checkpoint(tiny, tmp_path, monkeypatch):
+    _, folder = _interrupted_run(tiny, tmp_path, monkeypatch)
+    text = (folder / "config.yaml").read_text()
+    (folder / "config.yaml").write_text(text.replace("lr: 0.05", "lr: 0.07"))
+    with pytest.raises(PflkitError, match="belongs to another configuration"):
+        run_experiment(resume=folder)
+    (folder / "config.yaml").write_text(text)
+    other_cfg, other = _interrupted_run(
+        tiny, tmp_path / "o", monkeypatch, algorithm={"name": "fedprox"}
+    )
+    shutil.copy(other / "checkpoints" / "latest.pt", folder / "checkpoints" / "latest.pt")
+    with pytest.raises(PflkitError, match="belongs to another configuration"):
+        run_experiment(resume=folder)
+
+
+def test_resume_keeps_the_covered_rows_byte_for_byte_and_drops_a_torn_line(
+    tiny, tmp_path, monkeypatch
+):
+    cfg, folder = _interrupted_run(tiny, tmp_path, monkeypatch)
+    full = run_experiment(cfg, out=tmp_path / "full")
+    metrics = folder / "metrics.jsonl"
+    lines = metrics.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 3  # rounds 1-3 written, the checkpoint covers 1-2
+    metrics.write_bytes(b"".join(lines) + b'{"round": 4, "train_lo')  # killed mid-write
+    res = run_experiment(resume=folder)
+    after = metrics.read_bytes()
+    assert after.startswith(lines[0] + lines[1])  # covered rows: the same bytes
+    assert strip_timing(res.rows) == strip_timing(full.rows)
+    # rows the checkpoint covers but the file lacks: an error, not a partial history
+    _, gone = _interrupted_run(tiny, tmp_path / "g", monkeypatch)
+    (gone / "metrics.jsonl").unlink()
+    with pytest.raises(PflkitError, match="lacks rounds that the checkpoint covers"):
+        run_experiment(resume=gone)

@@ -28,15 +28,15 @@ from typing import Any
 from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, resolve_device, validate
 from pflkit.data.federated import FederatedDataset
 from pflkit.engine.clients import ClientRunner
+from pflkit.engine.folder import RESUMABLE, FolderLock, fingerprint, keep_rows, write_atomic
 from pflkit.engine.simulation import Simulation
 from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.report.provenance import record as record_provenance
-from pflkit.report.summary import read_metrics, summarize
+from pflkit.report.summary import summarize
 from pflkit.report.trackers import Reporter, check_trackers
 
 CHECKPOINT = Path("checkpoints") / "latest.pt"
 # settings that may change when a run is resumed (everything else must stay as it was)
-RESUMABLE = ("train.rounds", "eval.", "output.", "engine.")
 
 
 @dataclass
@@ -154,20 +154,27 @@ def _stopped_mid_round(run_dir: Path, resume: bool) -> RunInterrupted:
 def _run(
     sim: Simulation, cfg: ExperimentConfig, run_dir: Path, resume: bool, progress: bool | None
 ) -> RunResult:
-    """The round loop of ``sim`` into ``run_dir``, with progress and checkpoints."""
-    rows: list[dict[str, Any]] = []
-    metrics_path = run_dir / "metrics.jsonl"
-    if resume:
-        sim.restore(run_dir / CHECKPOINT)
-        rows = (
-            [r for r in read_metrics(metrics_path) if r["round"] <= sim.round]
-            if metrics_path.exists()
-            else []
-        )
+    """The round loop of ``sim`` into ``run_dir`` under the folder's lock, with progress and
+    checkpoints. What is written is never left half-done: config.yaml atomically, metrics and
+    run.log append-only (a resume cuts metrics.jsonl after the checkpoint's round)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    with FolderLock(run_dir):
+        return _run_locked(sim, cfg, run_dir, resume, progress)
+
+
+def _run_locked(
+    sim: Simulation, cfg: ExperimentConfig, run_dir: Path, resume: bool, progress: bool | None
+) -> RunResult:
+    metrics_path = run_dir / "metrics.jsonl"
+    fp = fingerprint(cfg, sim.data.partition_id)
+    rows: list[dict[str, Any]] = []
+    if resume:
+        sim.restore(run_dir / CHECKPOINT, fp)
+        rows = keep_rows(metrics_path, sim.round)
+    else:
+        metrics_path.write_text("")
+    write_atomic(run_dir / "config.yaml", cfg.to_yaml())
     record_provenance(run_dir, resolve_device(cfg.device))
-    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     show = cfg.output.progress if progress is None else progress
     report = Reporter(run_dir, cfg, rows, sim.round, show)
@@ -182,9 +189,9 @@ def _run(
                 f.flush()
                 report.round(row)
                 if every and (rnd % every == 0 or rnd == cfg.train.rounds):
-                    sim.save(run_dir / CHECKPOINT)
+                    sim.save(run_dir / CHECKPOINT, fp)
                 if stop.signal and rnd < cfg.train.rounds:  # the safe point: a round's end
-                    sim.save(run_dir / CHECKPOINT)
+                    sim.save(run_dir / CHECKPOINT, fp)
                     raise RunInterrupted(
                         f"{stop.signal} received: stopped after round {rnd} with a checkpoint; "
                         f"continue with: pflkit run --resume {run_dir}",

@@ -34,6 +34,7 @@ from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import ClientRunner, init_client, make_runner, seed_torch
+from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, personal_metrics
 
 
@@ -93,13 +94,26 @@ class Simulation:
         return self.clients[cid]
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, fingerprint: str = "") -> None:
+        """Checkpoint the round, server and client states, tagged with the run's
+        ``fingerprint`` (:func:`pflkit.engine.folder.fingerprint`)."""
         if not self.runner.keeps_state:  # client state lives elsewhere (Flower nodes)
             return
-        save_checkpoint(path, {"round": self.round, "server": self.server, "clients": self.clients})
+        state = {"round": self.round, "server": self.server, "clients": self.clients}
+        save_checkpoint(path, state | {"fingerprint": fingerprint})
 
-    def restore(self, path: Path) -> None:
+    def restore(self, path: Path, fingerprint: str = "") -> None:
+        """Continue from a checkpoint; one written for another configuration (another
+        fingerprint) is refused. Checkpoints from before fingerprints were stored load as
+        they are."""
         ckpt = load_checkpoint(path)
+        theirs = ckpt.get("fingerprint")
+        if fingerprint and theirs and theirs != fingerprint:
+            raise PflkitError(
+                f"the checkpoint '{path}' belongs to another configuration than the folder's "
+                "config.yaml (edited by hand, or copied from another run): resume only "
+                "continues a run with its own config; start a new run instead"
+            )
         self.round, self.server, self.clients = ckpt["round"], ckpt["server"], ckpt["clients"]
 
     # -- the round loop ----------------------------------------------------------------------------

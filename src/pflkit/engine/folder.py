@@ -1,0 +1,133 @@
+"""Run-folder safety: one writer at a time, a fingerprint that ties a checkpoint to its
+config, and a resume that never rewrites what a checkpoint already covers.
+
+- :class:`FolderLock`: ``run_dir/.lock`` holds the writer's PID, host and start time; a second
+  run or resume of the folder is refused in one sentence naming the holder; a lock left by a
+  killed process on this host is detected (its PID is gone) and taken over.
+- :func:`fingerprint`: a hash of everything that determines a run's numbers (the resolved
+  config without the keys a resume may change, the partition id, the pflkit version). It is
+  stored in every checkpoint and checked on resume, so a hand-edited ``config.yaml`` or a
+  checkpoint copied from another run is refused instead of silently continued.
+- :func:`keep_rows`: the metrics rows a checkpoint covers, and the file cut just after them
+  (one ``truncate``; the kept bytes are never rewritten, so a kill during a resume loses
+  nothing). A torn last line (a kill mid-write) is dropped; rows the checkpoint covers but the
+  file lacks are an error, not a silently partial history.
+- :func:`write_atomic`: write a small file through a temporary file and a rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pflkit.config import ExperimentConfig
+from pflkit.errors import PflkitError
+
+LOCK = ".lock"
+# config keys a resume may change (`pflkit run --resume DIR --set ...`): they do not change the
+# numbers of the rounds already run
+RESUMABLE = ("train.rounds", "eval.", "output.", "engine.")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def fingerprint(cfg: ExperimentConfig, partition_id: str) -> str:
+    from pflkit import __version__
+
+    dump = cfg.model_dump(mode="json")
+    for key in RESUMABLE:
+        section, _, field = key.rstrip(".").partition(".")
+        if field:
+            dump.get(section, {}).pop(field, None)
+        else:
+            dump.pop(section, None)
+    dump["_partition_id"] = partition_id
+    dump["_pflkit"] = __version__
+    return hashlib.sha256(yaml.safe_dump(dump, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class FolderLock:
+    """``with FolderLock(run_dir):`` holds the folder's lock (module docstring)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self.held = False
+
+    def __enter__(self) -> FolderLock:
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": f"{datetime.now():%c}"}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                stale = holder is not None and holder.get("host") == me["host"]
+                if holder is None or (stale and not _alive(int(holder.get("pid", -1)))):
+                    self.path.unlink(missing_ok=True)  # left by a killed process: take it
+                    continue
+                raise PflkitError(
+                    f"run folder '{self.path.parent}' is in use by process {holder.get('pid')} "
+                    f"on {holder.get('host')} (since {holder.get('since')}): wait for it or "
+                    f"stop it; if that process is gone, delete {self.path}"
+                ) from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            return self
+        raise PflkitError(f"cannot take the lock {self.path}: delete it if no run uses the folder")
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None  # torn or vanished: treat as stale
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def keep_rows(path: Path, covered: int) -> list[dict[str, Any]]:
+    """The rows of ``path`` for rounds 1..``covered``; the file is cut after them."""
+    rows: list[dict[str, Any]] = []
+    offset = 0
+    if path.exists():
+        with path.open("rb") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    break  # a torn last line
+                if row.get("round", covered + 1) > covered:
+                    break
+                rows.append(row)
+                offset += len(line)
+    if [r["round"] for r in rows] != list(range(1, covered + 1)):
+        raise PflkitError(
+            f"'{path}' lacks rounds that the checkpoint covers (it has {len(rows)} of "
+            f"{covered}): the run's history is incomplete; start a new run"
+        )
+    if path.exists():
+        os.truncate(path, offset)
+    return rows
