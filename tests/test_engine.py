@@ -251,3 +251,31 @@ def test_resume_keeps_the_covered_rows_byte_for_byte_and_drops_a_torn_line(
     (gone / "metrics.jsonl").unlink()
     with pytest.raises(PflkitError, match="lacks rounds that the checkpoint covers"):
         run_experiment(resume=gone)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_on_nan_stop_or_skip_the_diverging_client(tiny, tmp_path, monkeypatch, workers):
+    from pflkit.algorithms.fedavg import FedAvg
+
+    real = FedAvg.client_update
+
+    def client_2_blows_up(self, env, payload, state, rnd, phase):
+        update = real(self, env, payload, state, rnd, phase)
+        if env.cid == 2 and rnd == 2:  # finite loss, but inf weights uploaded
+            update.upload["weights"] = {
+                k: v * float("inf") for k, v in update.upload["weights"].items()
+            }
+        return update
+
+    monkeypatch.setattr(FedAvg, "client_update", client_2_blows_up)
+    cfg = tiny(train={"rounds": 3}, engine={"workers": workers})
+    with pytest.raises(PflkitError, match="client 2's upload holds inf or nan values in round 2"):
+        run_experiment(cfg, out=tmp_path / "stop")
+    skip = tiny(train={"rounds": 3, "on_nan": "skip_client"}, engine={"workers": workers})
+    res = run_experiment(skip, out=tmp_path / "skip")
+    row2 = res.rows[1]
+    assert row2["diverged_clients"] == [2] and row2["failed_clients"] == [2]
+    assert "diverged_clients" not in res.rows[0] and "diverged_clients" not in res.rows[2]
+    assert all(np.isfinite(r["pers_acc_mean"]) for r in res.rows)
+    lines = (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()
+    assert all("NaN" not in line and "Infinity" not in line for line in lines)

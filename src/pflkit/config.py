@@ -85,6 +85,9 @@ class TrainConfig(_Section):
     # ``weighting`` parameter): null keeps each algorithm's own default; ``uniform`` or
     # ``samples`` imposes one rule on all of them (a comparison states it once, here)
     weighting: Literal["uniform", "samples"] | None = None
+    # a client whose training metrics or uploaded weights are not finite: stop the run (one
+    # sentence, exit 2) or leave the client out of that round (listed in diverged_clients)
+    on_nan: Literal["stop", "skip_client"] = "stop"
 
 
 class EvalConfig(_Section):

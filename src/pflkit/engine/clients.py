@@ -81,16 +81,35 @@ def train_client(
     state: State,
 ) -> Update:
     """``client_update`` with torch seeded from (seed, round, phase index, client). A training
-    metric that is not finite stops the run with one sentence (the usual cause: the lr)."""
+    metric or uploaded tensor that is not finite stops the run with one sentence (the usual
+    cause: the lr), or with ``train.on_nan: skip_client`` returns None: the client is left
+    out of the round and keeps its previous state."""
     seed_torch(seed, rnd, p, env.cid)
     update = algo.client_update(env, payload, state, rnd, phase)
-    for key, value in update.metrics.items():
-        if not math.isfinite(value):
-            raise PflkitError(
-                f"client {env.cid}'s {key} is {value} in round {rnd}: local training diverged; "
-                "lower train.lr, or set train.grad_clip (e.g. 100)"
-            )
-    return update
+    bad = [f"{k} is {v}" for k, v in update.metrics.items() if not math.isfinite(v)]
+    if not bad and not _finite(update.upload):
+        bad = ["upload holds inf or nan values"]
+    if not bad:
+        return update
+    if env.run.train.on_nan == "skip_client":
+        return None
+    raise PflkitError(
+        f"client {env.cid}'s {bad[0]} in round {rnd}: local training diverged; lower "
+        "train.lr, or set train.grad_clip (e.g. 100), or train.on_nan: skip_client"
+    )
+
+
+def _finite(obj: Any) -> bool:
+    """Every floating tensor and number in ``obj`` (nested dicts, lists) is finite."""
+    if isinstance(obj, torch.Tensor):
+        return not obj.is_floating_point() or bool(torch.isfinite(obj).all())
+    if isinstance(obj, dict):
+        return all(_finite(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return all(_finite(v) for v in obj)
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    return True
 
 
 def local_test_accuracy(env: ClientEnv, weights, batch_size: int) -> float:
@@ -141,6 +160,7 @@ class ClientRunner:
     def start(self, sim: Simulation) -> None:
         """Bind to a run (called once, before its first round)."""
         self.sim = sim
+        self.diverged: list[int] = []  # this round's clients left out by train.on_nan
 
     def train(self, rnd: int, p: int, phase: str, payloads: dict[int, Payload]) -> TrainResults:
         raise NotImplementedError
@@ -159,8 +179,10 @@ class ClientRunner:
         raise NotImplementedError
 
     def row_extras(self, row: dict[str, Any]) -> dict[str, Any]:
-        """Runner-specific fields to add to this round's metrics ``row``."""
-        return {}
+        """Runner-specific fields to add to this round's metrics ``row``: here the clients
+        that diverged and were left out (``train.on_nan: skip_client``)."""
+        diverged, self.diverged = self.diverged, []
+        return {"diverged_clients": diverged} if diverged else {}
 
     def close(self) -> None:
         pass
@@ -174,9 +196,11 @@ class InProcess(ClientRunner):
         out: TrainResults = {}
         for cid, payload in payloads.items():
             env, state = sim.envs[cid], sim.client_state(cid)
-            upload, sim.clients[cid], metrics = train_client(
-                sim.algo, env, sim.cfg.seed, rnd, p, phase, payload, state
-            )
+            update = train_client(sim.algo, env, sim.cfg.seed, rnd, p, phase, payload, state)
+            if update is None:  # diverged, train.on_nan: skip_client
+                self.diverged.append(cid)
+                continue
+            upload, sim.clients[cid], metrics = update
             out[cid] = (upload, metrics)
         return out
 
@@ -221,7 +245,8 @@ def _worker_job(blob: bytes) -> bytes:
     cfg, algo, env = _WORKER["cfg"], _WORKER["algo"], _WORKER["envs"][cid]
     try:
         if kind == "train":
-            result: Any = tuple(train_client(algo, env, cfg.seed, *args))
+            update = train_client(algo, env, cfg.seed, *args)
+            result: Any = None if update is None else tuple(update)
         else:
             rnd, view, state, upload = args
             result = evaluate_client(
@@ -314,8 +339,11 @@ class ProcessPool(ClientRunner):
             for cid, payload in payloads.items()
         }
         out: TrainResults = {}
-        for cid, (upload, state, metrics) in self._run("training", rnd, jobs, None).items():
-            sim.clients[cid] = state
+        for cid, update in self._run("training", rnd, jobs, None).items():
+            if update is None:  # diverged, train.on_nan: skip_client
+                self.diverged.append(cid)
+                continue
+            upload, sim.clients[cid], metrics = update
             out[cid] = (upload, metrics)
         return out
 

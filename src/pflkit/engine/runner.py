@@ -15,6 +15,7 @@ is checked before the folder is created.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import signal
@@ -104,6 +105,11 @@ def run_experiment(
         sim.close()
 
 
+def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with non-finite numbers as null, so metrics.jsonl stays valid JSON."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
 class StopSignals:
     """While active (main thread only), SIGINT and SIGTERM ask the round loop to stop at the
     end of the current round (``signal`` names the one received); a second SIGINT stops at
@@ -185,7 +191,7 @@ def _run_locked(
             for rnd in range(sim.round + 1, cfg.train.rounds + 1):
                 row = sim.run_round(rnd)
                 rows.append(row)
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(_json_safe(row)) + "\n")
                 f.flush()
                 report.round(row)
                 if every and (rnd % every == 0 or rnd == cfg.train.rounds):

@@ -114,9 +114,10 @@ def train(msg: Message, context: Context) -> Message:
     state = w.state(context.state, cid)
     payload = codec.get(msg.content, "payload")
     phase = str(info["phase"])
-    upload, state, metrics = train_client(
-        w.algo, w.envs[cid], w.cfg.seed, rnd, p, phase, payload, state
-    )
+    update = train_client(w.algo, w.envs[cid], w.cfg.seed, rnd, p, phase, payload, state)
+    if update is None:  # train.on_nan: skip_client; the server records a failed client
+        raise PflkitError(f"client {cid} diverged in round {rnd}: left out (train.on_nan)")
+    upload, state, metrics = update
     codec.put(context.state, f"state.{cid}", state)
     rounds = codec.get(context.state, f"rounds.{cid}", 0) + (p == 0)
     codec.put(context.state, f"rounds.{cid}", rounds)
