@@ -10,7 +10,8 @@ import time
 from conftest import tiny_config
 from pflkit.config import validate
 from pflkit.engine.runner import run_experiment
-from pflkit.flower.local import Federation, _alive
+from pflkit.flower.local import Federation
+from pflkit.flower.watchdog import alive
 from test_flower import CASES, assert_rows_close
 
 NODES = ["0", "1", "2"]
@@ -27,7 +28,7 @@ def e2e_config(case: str):
 def assert_all_stopped(fed: Federation) -> None:
     for name, proc in fed.procs.items():
         assert proc.poll() is not None, f"{name} still running"
-        assert not _alive(proc.pid), f"{name}'s process group still has processes"
+        assert not alive(proc.pid), f"{name}'s process group still has processes"
 
 
 def report(capsys, line: str) -> None:
@@ -86,3 +87,41 @@ def test_a_killed_supernode_fails_its_client_and_the_run_finishes(tmp_path, caps
     assert r3["pers_acc_clients"][2] is None
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["rounds"] == 3
+
+
+def test_sigkill_of_flower_local_takes_its_federation_down(tmp_path, capsys):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from pflkit.flower.watchdog import groups_below
+
+    raw = tiny_config(train={"rounds": 500})
+    raw["data"]["num_clients"] = 2
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(raw))
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pflkit.cli", "flower", "local", "long.yaml", "--nodes", "2",
+         "--workdir", str(work), "--out", "run"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    listed = work / "processes.txt"
+    deadline = time.monotonic() + 240
+    while not (listed.exists() and len(listed.read_text().split()) >= 3):  # SuperLink + 2 nodes
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    roots = [int(p) for p in listed.read_text().split()]
+    groups = set(roots)
+    for pid in roots:
+        groups |= groups_below(pid)
+    proc.send_signal(signal.SIGKILL)  # no chance to stop anything itself
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while any(alive(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [g for g in groups if alive(g)]
+    report(capsys, f"SIGKILL of flower local: {len(groups)} process groups, {len(left)} left")
+    assert not left

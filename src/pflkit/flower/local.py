@@ -28,6 +28,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from pflkit.errors import PflkitError
+from pflkit.flower.watchdog import alive, groups_below, process_table
 
 APP_NAME = "pflkit-app"
 QUIET_ENV = {
@@ -190,45 +191,11 @@ def wait_for_port(port: int, timeout: float, what: str, proc: subprocess.Popen) 
     raise PflkitError(f"{what} did not open port {port} within {timeout:.0f} s: see its log")
 
 
-def _process_table() -> list[tuple[int, int, int, bool]]:
-    """(pid, parent pid, process group, is a zombie) of every process."""
-    rows = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        rows.append((int(entry.name), int(fields[1]), int(fields[2]), fields[0] == "Z"))
-    return rows
-
-
-def _groups_below(pid: int) -> set[int]:
-    """Process groups of ``pid``'s live descendants."""
-    children: dict[int, list[tuple[int, int]]] = {}
-    for p, parent, group, zombie in _process_table():
-        if not zombie:
-            children.setdefault(parent, []).append((p, group))
-    groups, todo = set(), [pid]
-    while todo:
-        for p, group in children.get(todo.pop(), []):
-            groups.add(group)
-            todo.append(p)
-    return groups
-
-
-def _alive(group: int) -> bool:
-    """Whether a live process is left in process group ``group``."""
-    return any(g == group and not zombie for _, _, g, zombie in _process_table())
-
-
 def _reap_orphans(keep: set[int]) -> None:
     """Reap zombies re-parented to this process (see :func:`_become_subreaper`), except the
     processes in ``keep``, which their Popen objects wait for."""
     me = os.getpid()
-    for pid, parent, _, zombie in _process_table():
+    for pid, parent, _, zombie in process_table():
         if zombie and parent == me and pid not in keep:
             try:
                 os.waitpid(pid, os.WNOHANG)
@@ -369,6 +336,7 @@ class Federation:
     auth: bool = False
     start_timeout: float = 60.0
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    watchdog: subprocess.Popen | None = None
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -397,7 +365,20 @@ class Federation:
                 start_new_session=True,
             )
         self.procs[name] = proc
+        self._watch()
         return proc
+
+    def _watch(self) -> None:
+        """List the started processes for the watchdog, and start it once (module
+        :mod:`pflkit.flower.watchdog`): it takes them down if this process dies unstopped."""
+        roots = self.workdir / "processes.txt"
+        roots.write_text(" ".join(str(p.pid) for p in self.procs.values()))
+        if self.watchdog is None:
+            self.watchdog = subprocess.Popen(
+                [sys.executable, "-S", str(Path(__file__).with_name("watchdog.py")),
+                 str(os.getpid()), str(roots)],
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
 
     def start(self) -> None:
         _become_subreaper()
@@ -459,7 +440,7 @@ class Federation:
         groups its descendants opened), SIGTERM first and SIGKILL after ``grace`` seconds."""
         groups = {proc.pid for proc in self.procs.values()}
         for proc in self.procs.values():
-            groups |= _groups_below(proc.pid)
+            groups |= groups_below(proc.pid)
         for group in groups:
             try:
                 os.killpg(group, signal.SIGTERM)
@@ -473,16 +454,20 @@ class Federation:
                 proc.kill()
                 proc.wait()
         for group in groups:
-            while _alive(group) and time.monotonic() < deadline:
+            while alive(group) and time.monotonic() < deadline:
                 _reap_orphans({p.pid for p in self.procs.values()})
                 time.sleep(0.1)
-            if _alive(group):
+            if alive(group):
                 try:
                     os.killpg(group, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
         time.sleep(0.2)
         _reap_orphans({p.pid for p in self.procs.values()})
+        if self.watchdog is not None:
+            self.watchdog.kill()
+            self.watchdog.wait()
+            self.watchdog = None
 
 
 def split_clients(num_clients: int, num_nodes: int) -> list[str]:
