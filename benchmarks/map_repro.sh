@@ -33,17 +33,25 @@ run_one() {  # label seed [--set ...]
 }
 export -f run_one
 
+# Order: what decides the paper's aggregation claim first (MAP and its stage-A arm against
+# FedAvg), then the other methods of seed 0, the remaining arms, then seeds 1 and 2.
 methods="fedavg fedprox scaffold fedrs fedphp ditto dittors scars map scamap"
+arm() {  # label seed --set ...
+    echo "$*"
+}
 {
-    for m in $methods; do echo "$m 0 --set algorithm.name=$m"; done
-    # aggregation-gap arms (seed 0): stage-A length, alpha, FedAvg's own weighting, the
-    # authors' code settings for MAP and FedAvg
-    echo "map_stageA_E 0 --set algorithm.name=map --set algorithm.stage_b_fraction=0.1 --set algorithm.stage_b_lr_scale=0.2"
-    echo "map_alpha0.5 0 --set algorithm.name=map --set algorithm.alpha=0.5 --set algorithm.lam=0.1"
-    echo "fedavg_samples 0 --set algorithm.name=fedavg --set train.weighting=null --set algorithm.weighting=samples"
-    echo "map_code 0 --set algorithm.name=map --set algorithm.stage_b_fraction=0.1 --set algorithm.stage_b_lr_scale=0.2 --set algorithm.kd_form=code --set algorithm.mu_schedule=code --set train.weighting=null --set algorithm.weighting=samples --set train.grad_clip=100 --set train.batch_size=32"
-    echo "fedavg_code 0 --set algorithm.name=fedavg --set train.grad_clip=100 --set train.batch_size=32"
+    for m in fedavg map; do arm "$m 0 --set algorithm.name=$m"; done
+    arm "map_stageA_E 0 --set algorithm.name=map --set algorithm.stage_b_fraction=0.1 --set algorithm.stage_b_lr_scale=0.2"
+    arm "fedrs 0 --set algorithm.name=fedrs"
+    for m in fedavg map; do arm "$m 1 --set algorithm.name=$m"; done
+    for m in scamap scaffold scars fedphp ditto dittors fedprox; do arm "$m 0 --set algorithm.name=$m"; done
+    # the other aggregation-gap arms (seed 0): alpha, FedAvg's own weighting, the authors'
+    # code settings for MAP and FedAvg
+    arm "map_alpha0.5 0 --set algorithm.name=map --set algorithm.alpha=0.5 --set algorithm.lam=0.1"
+    arm "fedavg_samples 0 --set algorithm.name=fedavg --set train.weighting=null --set algorithm.weighting=samples"
+    arm "map_code 0 --set algorithm.name=map --set algorithm.stage_b_fraction=0.1 --set algorithm.stage_b_lr_scale=0.2 --set algorithm.kd_form=code --set algorithm.mu_schedule=code --set train.weighting=null --set algorithm.weighting=samples --set train.grad_clip=100 --set train.batch_size=32"
+    arm "fedavg_code 0 --set algorithm.name=fedavg --set train.grad_clip=100 --set train.batch_size=32"
     for s in 1 2; do
-        for m in $methods; do echo "$m $s --set algorithm.name=$m"; done
+        for m in $methods; do arm "$m $s --set algorithm.name=$m"; done
     done
-} | xargs -P "$JOBS" -L 1 bash -c 'run_one "$@"' _
+} | awk '!seen[$1 " " $2]++' | xargs -P "$JOBS" -L 1 bash -c 'run_one "$@"' _
