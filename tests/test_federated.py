@@ -88,3 +88,33 @@ def test_public_set_with_other_class_count_is_refused_unless_allowed(mnist5k_wit
     with pytest.raises(PflkitError, match="has 26 classes but the task"):
         build_federated(public_cfg())
     assert build_federated(public_cfg(allow_other_classes=True)).public_x.shape[0] == 100
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["duplicate", "two_clients", "out_of_range", "float", "empty"],
+)
+def test_a_wrong_cache_entry_is_recomputed_not_used(tmp_path, tamper):
+    a = build_federated(digits(root=str(tmp_path)))
+    path = tmp_path / "partitions" / f"{a.partition_id}.npz"
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    if tamper == "duplicate":  # client 1 also gets client 0's first training sample
+        arrays["tr1"] = np.append(arrays["tr1"], arrays["tr0"][0])
+    elif tamper == "two_clients":
+        arrays = {
+            "num_clients": np.array(2),
+            **{k: arrays[k] for k in ("tr0", "te0", "tr1", "te1")},
+        }
+    elif tamper == "out_of_range":
+        arrays["te2"] = arrays["te2"] + 10_000
+    elif tamper == "float":
+        arrays["tr3"] = arrays["tr3"].astype(float)
+    else:
+        arrays["te4"] = arrays["te4"][:0]
+    np.savez(path, **arrays)
+    b = build_federated(digits(root=str(tmp_path)))
+    assert all(np.array_equal(x, y) for x, y in zip(a.train_indices, b.train_indices, strict=True))
+    assert all(np.array_equal(x, y) for x, y in zip(a.test_indices, b.test_indices, strict=True))
+    with np.load(path) as z:  # and the entry was rewritten
+        assert int(z["num_clients"]) == 5 and np.array_equal(z["tr1"], a.train_indices[1])

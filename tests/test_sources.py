@@ -41,6 +41,14 @@ def _fresh_cache():
     clear_cache()
 
 
+@pytest.fixture(autouse=True)
+def _small_files_are_not_official(request, monkeypatch):
+    """The tests write small files in the official formats, which cannot match the official
+    checksums: local-file verification is off unless a test is marked ``verify``."""
+    if "verify" not in request.keywords:
+        monkeypatch.setattr(sources, "_verify_idx", lambda *a: None)
+
+
 # ------------------------------------------------------------------------------------------
 # writers for the official formats
 # ------------------------------------------------------------------------------------------
@@ -644,3 +652,37 @@ def test_synthetic_iid_vs_non_iid_feature_means():
     non = user_means(load_source("synthetic", alpha=1.0, beta=1.0, seed=1))
     assert np.abs(iid).max() < 0.5  # x_0 ~ N(0, 1) per sample, >= 50 samples per user
     assert non.std() > 0.8  # v_k0 ~ N(B_k, 1), B_k ~ N(0, 1): spread about sqrt(2)
+
+
+@pytest.mark.verify
+def test_local_idx_files_are_checked_against_the_official_digests(tmp_path, monkeypatch):
+    import hashlib
+
+    write_mnist_like(tmp_path / "fashion_mnist", gz=False)
+    fashion = {b: hashlib.sha256((tmp_path / "fashion_mnist" / b).read_bytes()).hexdigest()
+               for b in IDX_NAMES}  # fmt: skip
+    monkeypatch.setattr(dl, "FASHION_MNIST_RAW_SHA256", fashion)  # "official" = these files
+    assert load_source("fashion_mnist", root=tmp_path, download=False).num_train == 6
+    # one altered pixel
+    img = tmp_path / "fashion_mnist" / "train-images-idx3-ubyte"
+    data = bytearray(img.read_bytes())
+    data[-1] ^= 1
+    img.write_bytes(bytes(data))
+    clear_cache()
+    with pytest.raises(PflkitError, match="differs from the official fashion_mnist file"):
+        load_source("fashion_mnist", root=tmp_path, download=False)
+    clear_cache()  # deliberately modified data: opt out
+    src = load_source("fashion_mnist", root=tmp_path, download=False, verify=False)
+    assert src.num_train == 6
+    # Fashion-MNIST's files saved where MNIST's are expected
+    data[-1] ^= 1
+    img.write_bytes(bytes(data))
+    (tmp_path / "mnist").mkdir()
+    for b in IDX_NAMES:
+        (tmp_path / "mnist" / b).write_bytes((tmp_path / "fashion_mnist" / b).read_bytes())
+    with pytest.raises(PflkitError, match="is a Fashion-MNIST file, not MNIST's"):
+        load_source("mnist", root=tmp_path, download=False)
+    # an MNIST .gz that is not the official one (MD5 of the .gz)
+    write_mnist_like(tmp_path / "m2" / "mnist", gz=True, n_train=5)
+    with pytest.raises(PflkitError, match="differs from the official mnist file"):
+        load_source("mnist", root=tmp_path / "m2", download=False)

@@ -119,6 +119,18 @@ def _split_clients(
     return train_idx, test_idx
 
 
+def _valid_split(tr: list, te: list, num_clients: int, num_samples: int) -> bool:
+    """A cached split is used only if it has the configured client count, every client a
+    train and a test part, integer indices in range, and no sample twice."""
+    parts = [*tr, *te]
+    if len(tr) != num_clients or any(len(p) == 0 for p in parts):
+        return False
+    if any(p.dtype.kind not in "iu" for p in parts):
+        return False
+    flat = np.concatenate(parts)
+    return bool(flat.min() >= 0 and flat.max() < num_samples and len(np.unique(flat)) == len(flat))
+
+
 def _cached_split(cfg, labels, groups, seed, cache_dir: Path | None):
     key = partition_key(cfg, seed, len(labels))
     path = cache_dir / f"{key}.npz" if cache_dir else None
@@ -126,9 +138,11 @@ def _cached_split(cfg, labels, groups, seed, cache_dir: Path | None):
         try:
             with np.load(path) as z:
                 n = int(z["num_clients"])
-                return key, [z[f"tr{i}"] for i in range(n)], [z[f"te{i}"] for i in range(n)]
+                tr, te = [z[f"tr{i}"] for i in range(n)], [z[f"te{i}"] for i in range(n)]
+            if _valid_split(tr, te, cfg.num_clients, len(labels)):
+                return key, tr, te
         except (OSError, KeyError, ValueError):
-            pass  # unreadable cache entry: recompute and overwrite it
+            pass  # unreadable or wrong cache entry: recompute and overwrite it
     train_idx, test_idx = _split_clients(cfg, labels, groups, seed)
     if path:
         arrays = {f"tr{i}": a for i, a in enumerate(train_idx)}

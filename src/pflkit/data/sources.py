@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
+import hashlib
 import importlib.util
 import inspect
 import io
@@ -376,6 +377,26 @@ def _idx_dir_complete(directory: Path, bases: Sequence[str]) -> bool:
     return all(_find(directory, b) is not None for b in bases)
 
 
+def _verify_idx(ds: str, path: Path, raw: bytes) -> None:
+    """Check a local IDX file against the known official digests: Fashion-MNIST's
+    decompressed content (SHA-256; the Debian package re-compresses the .gz), MNIST's .gz
+    (MD5); a Fashion-MNIST file where MNIST's is expected is named as such."""
+    fashion = dl.FASHION_MNIST_RAW_SHA256
+    sha = hashlib.sha256(raw).hexdigest()
+    fix = "replace it with the official file, or set data.options: {verify: false} for "
+    fix += "deliberately modified data"
+    if ds == "mnist" and sha in fashion.values():
+        raise PflkitError(f"{path} is a Fashion-MNIST file, not MNIST's: {fix}")
+    if ds == "fashion_mnist":
+        expected = fashion.get(path.name.removesuffix(".gz"))
+        ok = expected is None or expected == sha
+    else:
+        known = dl.CHECKSUMS.get(ds, {}).get(path.name)
+        ok = known is None or hashlib.new(known[0], path.read_bytes()).hexdigest() == known[1]
+    if not ok:
+        raise PflkitError(f"{path} differs from the official {ds} file (checksum mismatch): {fix}")
+
+
 def _load_idx_set(
     directory: Path,
     bases: Sequence[str],
@@ -383,14 +404,23 @@ def _load_idx_set(
     *,
     transpose: bool = False,
     label_offset: int = 0,
+    verify: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The four IDX files; with ``verify`` (a dataset name) checked by :func:`_verify_idx`."""
     paths = [_find(directory, b) for b in bases]
     assert all(p is not None for p in paths)
     tr_xp, tr_yp, te_xp, te_yp = (p for p in paths if p is not None)
+
+    def read(path: Path, ndim: int) -> np.ndarray:
+        raw = _read_maybe_gz(path)
+        if verify:
+            _verify_idx(verify, path, raw)
+        return _parse_idx(raw, path, ndim)
+
     out = []
     for xp, yp in ((tr_xp, tr_yp), (te_xp, te_yp)):
-        images = _read_idx(xp, 3)
-        labels = _read_idx(yp, 1)
+        images = read(xp, 3)
+        labels = read(yp, 1)
         if images.shape[0] != labels.shape[0]:
             raise _corrupt(
                 yp, f"{labels.shape[0]} labels for {images.shape[0]} images in {xp.name}"
@@ -403,7 +433,7 @@ def _load_idx_set(
 
 
 def _load_fashion_mnist(
-    root: Path, download: bool, *, mirrors: str | list[str] | None = None
+    root: Path, download: bool, *, mirrors: str | list[str] | None = None, verify: bool = True
 ) -> Source:
     ds = "fashion_mnist"
     mirrors_t = _opt_mirrors(ds, mirrors)
@@ -420,11 +450,14 @@ def _load_fashion_mnist(
                 raise _missing("Fashion-MNIST", home, files, hint)
             missing = [f"{b}.gz" for b in _IDX_BASES if _find(home, b) is None]
             dl.fetch_files(ds, missing, home, mirrors=mirrors_t, what="Fashion-MNIST", hint=hint)
-    x, y, tx, ty = _load_idx_set(directory, _IDX_BASES, 10)
+    verify_as = ds if _opt_bool(ds, "verify", verify) else None
+    x, y, tx, ty = _load_idx_set(directory, _IDX_BASES, 10, verify=verify_as)
     return Source(ds, x, y, tx, ty, 10, class_names=list(FASHION_CLASSES), mean=(0.5,), std=(0.5,))
 
 
-def _load_mnist(root: Path, download: bool, *, mirrors: str | list[str] | None = None) -> Source:
+def _load_mnist(
+    root: Path, download: bool, *, mirrors: str | list[str] | None = None, verify: bool = True
+) -> Source:
     ds = "mnist"
     mirrors_t = _opt_mirrors(ds, mirrors)
     home = root / ds
@@ -434,7 +467,8 @@ def _load_mnist(root: Path, download: bool, *, mirrors: str | list[str] | None =
             raise _missing("MNIST", home, files)
         missing = [f"{b}.gz" for b in _IDX_BASES if _find(home, b) is None]
         dl.fetch_files(ds, missing, home, mirrors=mirrors_t, what="MNIST")
-    x, y, tx, ty = _load_idx_set(home, _IDX_BASES, 10)
+    verify_as = ds if _opt_bool(ds, "verify", verify) else None
+    x, y, tx, ty = _load_idx_set(home, _IDX_BASES, 10, verify=verify_as)
     return Source(ds, x, y, tx, ty, 10, class_names=list(DIGIT_CLASSES), mean=(0.5,), std=(0.5,))
 
 
