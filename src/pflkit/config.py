@@ -11,16 +11,52 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pflkit.errors import PflkitError
 
+# a seed must fit numpy's and torch's generators; more threads than this is a typo
+MAX_SEED = 2**32 - 1
+MAX_THREADS = 512
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+
+class StrictNumbers(BaseModel):
+    """Unknown keys, inf/nan and true/false for a number are refused (config sections and
+    algorithm parameters)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, v: Any, info: Any) -> Any:
+        field = cls.model_fields.get(info.field_name)
+        if isinstance(v, bool) and field is not None and bool_is_wrong(field.annotation):
+            raise ValueError("must be a number, not true/false")
+        return v
+
+
+class _Section(StrictNumbers):
+    pass
+
+
+def bool_is_wrong(annotation: Any) -> bool:
+    """Whether a field of this type takes numbers but not booleans (pydantic would read true
+    as 1)."""
+    import typing
+
+    args = typing.get_args(annotation) or (annotation,)
+    return bool not in args and any(a in (int, float) for a in args)
+
+
+def _named(v: dict[str, Any], example: str) -> dict[str, Any]:
+    if "name" not in v:
+        raise ValueError(f"needs a 'name' (e.g. {example})")
+    if not isinstance(v["name"], str):
+        raise ValueError(f"'name' must be a name (a string), e.g. {example}")
+    return v
 
 
 class PublicConfig(_Section):
@@ -44,14 +80,14 @@ class DataConfig(_Section):
     test_fraction: float = Field(0.25, gt=0, lt=1)  # each client's local test split
     public: PublicConfig | None = None
     cache: bool = True  # cache partitions on disk, keyed by a hash of their parameters
-    seed: int = 0  # partition seed, separate from the training seed (compare keeps it fixed)
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED
+    )  # partition seed, separate from the training seed (compare keeps it fixed)
 
     @field_validator("partition")
     @classmethod
     def _has_name(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if "name" not in v:
-            raise ValueError("needs a 'name' (e.g. {name: dirichlet, alpha: 0.1})")
-        return v
+        return _named(v, "{name: dirichlet, alpha: 0.1}")
 
 
 class ArchSpec(_Section):
@@ -79,6 +115,14 @@ class TrainConfig(_Section):
     lr: float = Field(0.005, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
+
+    @field_validator("lr")
+    @classmethod
+    def _fits_float32(cls, v: float) -> float:
+        if v >= 1e30:
+            raise ValueError("must be below 1e30 (a float32 step cannot hold it)")
+        return v
+
     # clip each local step's gradient to this L2 norm (off by default; the MAP code uses 100)
     grad_clip: float | None = Field(None, gt=0)
     # the server's averaging rule for every algorithm that averages client models (those with a
@@ -109,7 +153,7 @@ class EngineConfig(_Section):
     process; in-process is the default because it reproduces earlier runs bit for bit."""
 
     workers: int | Literal["auto"] = 1
-    threads_per_worker: int = Field(1, gt=0)  # torch threads in each worker process
+    threads_per_worker: int = Field(1, gt=0, le=MAX_THREADS)  # torch threads in each worker process
 
     @field_validator("workers")
     @classmethod
@@ -132,17 +176,17 @@ class CompareConfig(_Section):
     """What ``pflkit compare`` runs: algorithms (a name, or a dict with name and parameters)
     and training seeds. All runs share one partition (``data.seed``)."""
 
-    algorithms: list[str | dict[str, Any]] = ["local", "fedavg", "fedavg_ft"]
-    seeds: list[int] = Field([0, 1, 2], min_length=1)
+    algorithms: list[str | dict[str, Any]] = Field(["local", "fedavg", "fedavg_ft"], min_length=1)
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field([0, 1, 2], min_length=1)
 
 
 class ExperimentConfig(_Section):
     name: str = "experiment"
     # modules that register user algorithms, models, datasets, partitioners (pflkit.plugins)
     plugins: list[str] = []
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     device: str = "cpu"  # auto | cpu | cuda | cuda:N | mps (resolve_device)
-    threads: int | None = Field(None, gt=0)  # torch intra-op threads; default: torch's choice
+    threads: int | None = Field(None, gt=0, le=MAX_THREADS)  # torch threads; None: torch's choice
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     algorithm: dict[str, Any] = {"name": "fedavg"}
@@ -155,9 +199,7 @@ class ExperimentConfig(_Section):
     @field_validator("algorithm")
     @classmethod
     def _algo_has_name(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if "name" not in v:
-            raise ValueError("needs a 'name' (e.g. {name: fedavg})")
-        return v
+        return _named(v, "{name: fedavg}")
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -178,10 +220,40 @@ def _describe(err: ValidationError) -> str:
     return f"invalid config value '{where}'{shown}: {msg}"
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as a user means it: ``1e-1`` is a number (YAML 1.1 wants ``1.0e-1``), and a key
+    given twice in one mapping is an error rather than silently the last value."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(None, None, f"key '{key}' appears twice", mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def parse_value(text: str) -> Any:
     """Parse a ``--set`` value as YAML (numbers, booleans, lists, dicts), else keep the string."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError:
         return text
 
@@ -277,15 +349,18 @@ def _check_accelerator(name: str, cuda: bool, mps: bool) -> str:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PflkitError(f"config file '{path}' is not UTF-8 text: save it as UTF-8") from None
     except OSError as err:
         raise PflkitError(f"cannot read config file '{path}': {err.strerror or err}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
-        raise PflkitError(f"config file '{path}' is not valid YAML{at}: fix the syntax") from None
+        what = getattr(err, "problem", None) or "fix the syntax"
+        raise PflkitError(f"config file '{path}' is not valid YAML{at}: {what}") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

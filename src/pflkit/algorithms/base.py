@@ -33,11 +33,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 from torch import Tensor
 
 from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.config import StrictNumbers
 from pflkit.errors import PflkitError, unknown_name
 
 State = dict[str, Any]
@@ -66,8 +67,8 @@ class Algorithm:
     name: ClassVar[str]
     description: ClassVar[str]
 
-    class Params(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    class Params(StrictNumbers):
+        """The algorithm's hyper-parameters (each declared with :func:`param`)."""
 
     def __init__(self, params: Params):
         self.params = params
