@@ -388,3 +388,33 @@ def test_a_tracker_without_its_package_is_refused_before_anything_is_written(
     with pytest.raises(PflkitError, match="'wandb' package is not installed: pip install wandb"):
         run_experiment(tiny(output={"trackers": ["wandb"]}), out=tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "CFG", "--out", "afile"], "'afile' is a file, not a folder"),
+        (
+            ["run", "CFG", "--out", "/proc/pflkit-x"],
+            "cannot create the run folder '/proc/pflkit-x'",
+        ),
+        (["run", "CFG", "--out", "x" * 300], "is not a usable folder path (File name too long)"),
+        (["compare", "CFG", "--out", "afile"], "'afile' already exists and is not an empty folder"),
+        (["partition", "CFG", "--out", "adir"], "--out 'adir' is a folder: give a file name"),
+        (
+            ["flower", "certs", "/proc/pflkit-certs"],
+            "cannot create the folder '/proc/pflkit-certs'",
+        ),
+        (["flower", "node-key", "afile"], "cannot create the folder 'afile'"),
+        (["flower", "local", "CFG", "--node-wait", "nan"], "--node-wait nan is not a number"),
+    ],
+)
+def test_bad_paths_and_waits_are_one_sentence(cfg_file, tmp_path, args, message):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = pflkit(*[str(cfg_file) if a == "CFG" else a for a in args], cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing left behind

@@ -5,6 +5,7 @@ User mistakes (:class:`~pflkit.errors.PflkitError`) print one sentence and exit 
 
 from __future__ import annotations
 
+import math
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -186,6 +187,10 @@ def partition(
         )
     out_console.print(t)
     path = out or Path(f"partition-{data.partition_id}.png")
+    if path.is_dir():
+        raise PflkitError(
+            f"--out '{path}' is a folder: give a file name, e.g. {path}/partition.png"
+        )
     part = dict(cfg.data.partition)
     name = part.pop("name", "?")
     args = ", ".join(f"{k}={v}" for k, v in part.items())
@@ -276,8 +281,8 @@ RoundTimeoutOpt = Annotated[
 def _waits(node_wait: float, round_timeout: float) -> dict[str, float]:
     """The run-config keys of the two waits, checked."""
     for name, value in (("--node-wait", node_wait), ("--round-timeout", round_timeout)):
-        if value < 0:
-            raise PflkitError(f"{name} {value} is negative: give seconds >= 0")
+        if not math.isfinite(value) or value < 0:
+            raise PflkitError(f"{name} {value} is not a number of seconds: give seconds >= 0")
     return {"node-wait": node_wait, "round-timeout": round_timeout}
 
 

@@ -32,6 +32,7 @@ import yaml
 from pflkit.algorithms.base import resolve_params
 from pflkit.config import ExperimentConfig, validate
 from pflkit.data.federated import FederatedDataset, build_federated
+from pflkit.engine.folder import make_folder
 from pflkit.engine.runner import CHECKPOINT, RunResult, run_experiment
 from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.report.summary import read_metrics
@@ -92,12 +93,12 @@ def _claim(out: Path, cfg: ExperimentConfig) -> bool:
                 "output, threads and compare may change when continuing one): choose another --out"
             )
         return True
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PflkitError(
-            f"compare folder '{out}' already exists, is not empty and is not a pflkit compare "
-            "folder: choose another --out"
+            f"'{out}' already exists and is not an empty folder or a pflkit compare folder: "
+            "choose another --out"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "compare folder")
     tmp = manifest.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(manifest)

@@ -36,6 +36,16 @@ LOCK = ".lock"
 RESUMABLE = ("train.rounds", "eval.", "output.", "engine.")
 
 
+def make_folder(path: Path, what: str) -> None:
+    """``mkdir -p path``, or one sentence saying why it cannot be created."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PflkitError(
+            f"cannot create the {what} '{path}' ({err.strerror or err}): choose another path"
+        ) from None
+
+
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)

@@ -29,7 +29,14 @@ from typing import Any
 from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, resolve_device, validate
 from pflkit.data.federated import FederatedDataset
 from pflkit.engine.clients import ClientRunner
-from pflkit.engine.folder import RESUMABLE, FolderLock, fingerprint, keep_rows, write_atomic
+from pflkit.engine.folder import (
+    RESUMABLE,
+    FolderLock,
+    fingerprint,
+    keep_rows,
+    make_folder,
+    write_atomic,
+)
 from pflkit.engine.simulation import Simulation
 from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.report.provenance import record as record_provenance
@@ -56,7 +63,16 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 def new_run_dir(cfg: ExperimentConfig, out: str | Path | None) -> Path:
     """The folder a new run writes (``out`` or a dated default); refused if not empty."""
     run_dir = Path(out) if out is not None else default_run_dir(cfg)
-    if run_dir.exists() and any(run_dir.iterdir()):
+    try:
+        exists, is_dir = run_dir.exists(), run_dir.is_dir()
+    except OSError as err:  # e.g. a name longer than the file system allows
+        shown = str(run_dir) if len(str(run_dir)) < 80 else f"{str(run_dir)[:60]}..."
+        raise PflkitError(
+            f"'{shown}' is not a usable folder path ({err.strerror}): choose another --out"
+        ) from None
+    if exists and not is_dir:
+        raise PflkitError(f"'{run_dir}' is a file, not a folder: choose another --out")
+    if exists and any(run_dir.iterdir()):
         raise PflkitError(
             f"run folder '{run_dir}' already exists and is not empty: choose another --out, "
             f"or continue it with --resume {run_dir}"
@@ -163,7 +179,7 @@ def _run(
     """The round loop of ``sim`` into ``run_dir`` under the folder's lock, with progress and
     checkpoints. What is written is never left half-done: config.yaml atomically, metrics and
     run.log append-only (a resume cuts metrics.jsonl after the checkpoint's round)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(run_dir, "run folder")
     with FolderLock(run_dir):
         return _run_locked(sim, cfg, run_dir, resume, progress)
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
+from pflkit.engine.folder import make_folder
 from pflkit.errors import PflkitError
 from pflkit.flower.watchdog import alive, groups_below, process_table
 
@@ -75,7 +76,7 @@ round-timeout = 0.0  # seconds to wait for a round's replies (0: until each repl
 def write_app(directory: str | Path) -> Path:
     """Write the Flower app project into ``directory`` (created if needed)."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    make_folder(d, "folder")
     (d / "pyproject.toml").write_text(app_pyproject())
     return d
 
@@ -100,7 +101,7 @@ def make_certificates(directory: str | Path, hosts: Sequence[str] = ("localhost"
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    make_folder(d, "folder")
     now = dt.datetime.now(dt.UTC)
 
     def build(subject, issuer, public_key, signer, ca: bool, sans=()):
@@ -151,7 +152,7 @@ def make_node_key(directory: str | Path, name: str) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    make_folder(d, "folder")
     key = ec.generate_private_key(ec.SECP384R1())
     private, public = d / name, d / f"{name}.pub"
     private.write_bytes(
@@ -378,6 +379,7 @@ class Federation:
                 [sys.executable, "-S", str(Path(__file__).with_name("watchdog.py")),
                  str(os.getpid()), str(roots)],
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a signal to our process group must not reach it
             )  # fmt: skip
 
     def start(self) -> None:
