@@ -197,26 +197,34 @@ def test_bad_engine_settings_are_one_sentence(cfg_file, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_ctrl_c_stops_every_worker_and_leaves_a_resumable_run(tmp_path):
-    import signal
+def run_and_signal(config: Path, out: Path, sig: int) -> tuple[int, str]:
+    """``pflkit run CONFIG --out OUT``, sent ``sig`` once two rounds are written; its exit
+    code and stderr."""
     import time
 
-    raw = tiny_config(engine={"workers": 2}, train={"rounds": 500})
-    path = tmp_path / "long.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    out = tmp_path / "ctrl-c-run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pflkit.cli", "run", str(path), "--out", str(out), "-q"],
-        cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "pflkit.cli", "run", str(config), "--out", str(out), "-q"],
+        cwd=config.parent, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    return proc.returncode, err
+
+
+def test_ctrl_c_stops_every_worker_and_leaves_a_resumable_run(tmp_path):
+    import signal
+
+    raw = tiny_config(engine={"workers": 2}, train={"rounds": 500})
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "ctrl-c-run"
+    code, err = run_and_signal(path, out, signal.SIGINT)
+    assert code == 130, err
     assert "SIGINT received: stopped after round" in err and "--resume" in err
     assert "Traceback" not in err
     # no worker outlives the run (forked workers share the parent's command line)
@@ -279,7 +287,6 @@ def test_compare_jobs_gives_the_one_job_numbers(cfg_file, tmp_path):
 
 def test_sigterm_stops_at_the_round_end_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path):
     import signal
-    import time
 
     raw = tiny_config(train={"rounds": 100}, eval={"every": 10})
     path = tmp_path / "c.yaml"
@@ -287,18 +294,8 @@ def test_sigterm_stops_at_the_round_end_and_the_resumed_run_equals_an_uninterrup
     whole = pflkit("run", str(path), "--out", "whole", "-q", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr
     out = tmp_path / "cut"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pflkit.cli", "run", str(path), "--out", str(out), "-q"],
-        cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # a cluster's time limit
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
+    code, err = run_and_signal(path, out, signal.SIGTERM)  # a cluster's time limit
+    assert code == 143, err
     assert "SIGTERM received: stopped after round" in err and "Traceback" not in err
     again = pflkit("run", "--resume", str(out), "-q", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
