@@ -32,7 +32,7 @@ import yaml
 from pflkit.algorithms.base import resolve_params
 from pflkit.config import ExperimentConfig, validate
 from pflkit.data.federated import FederatedDataset, build_federated
-from pflkit.engine.folder import make_folder
+from pflkit.engine.folder import make_folder, write_atomic
 from pflkit.engine.runner import CHECKPOINT, RunResult, run_experiment
 from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.report.summary import read_metrics
@@ -80,9 +80,9 @@ def _fmt(values: list[float]) -> str:
     return f"{v.mean():.2f} ± {v.std():.2f}"
 
 
-def _claim(out: Path, cfg: ExperimentConfig) -> bool:
+def _claim(out: Path, cfg: ExperimentConfig) -> None:
     """Start ``out`` as a compare of ``cfg``, or accept it as one already started with the same
-    config; True when continuing."""
+    config."""
     identity = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _FREE}
     text = yaml.safe_dump(identity, sort_keys=True)
     manifest = out / MANIFEST
@@ -92,17 +92,14 @@ def _claim(out: Path, cfg: ExperimentConfig) -> bool:
                 f"compare folder '{out}' holds a compare of another config (only engine, "
                 "output, threads and compare may change when continuing one): choose another --out"
             )
-        return True
+        return
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PflkitError(
             f"'{out}' already exists and is not an empty folder or a pflkit compare folder: "
             "choose another --out"
         )
     make_folder(out, "compare folder")
-    tmp = manifest.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(manifest)
-    return False
+    write_atomic(manifest, text)
 
 
 def _run_one(

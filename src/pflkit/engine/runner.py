@@ -44,7 +44,6 @@ from pflkit.report.summary import summarize
 from pflkit.report.trackers import Reporter, check_trackers
 
 CHECKPOINT = Path("checkpoints") / "latest.pt"
-# settings that may change when a run is resumed (everything else must stay as it was)
 
 
 @dataclass
