@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
+import yaml
 
 from conftest import tiny_config
 from pflkit.algorithms.pfedsim import (
@@ -20,6 +24,7 @@ from pflkit.algorithms.pfedsim import (
     warmup_rounds,
 )
 from pflkit.config import validate
+from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
 
 A = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -167,34 +172,51 @@ def test_bn_local_never_sends_running_statistics():
 
 
 # -- the measurement study -----------------------------------------------------------------------
+def pflkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pflkit.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"COLUMNS": "200"},
+    )
+
+
 def test_analyze_similarity_command_writes_table_and_heatmap(tmp_path):
-    import yaml
-
-    from pflkit.cli import app
-
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump(tiny_config()))
+    r = pflkit("analyze", "similarity", str(cfg), "--out", "sim", "--steps", "5", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
     out = tmp_path / "sim"
-    res = CliRunner().invoke(app, ["analyze", "similarity", str(cfg), "--out", str(out)])
-    assert res.exit_code == 0, res.output
     table = json.loads((out / "similarity.json").read_text())
-    assert (out / "similarity.md").exists() and (out / "similarity.png").stat().st_size > 0
-    # data similarity (Eq. 1) by hand from the clients' label counts
-    from pflkit.config import validate
-    from pflkit.data.federated import build_federated
-
+    md = (out / "similarity.md").read_text()
+    assert "CS: classifier cosine" in md and "| (0, 1) |" in md
+    assert (out / "similarity.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(table["pairs"]) == 6  # 4 clients
     counts = build_federated(validate(tiny_config()).data).class_table("train")
     for pair in table["pairs"]:
         i, j = pair["clients"]
-        both = (counts[i] > 0) & (counts[j] > 0)
-        want = (counts[i][both].sum() + counts[j][both].sum()) / (counts[i].sum() + counts[j].sum())
-        assert pair["data_similarity"] == pytest.approx(want)
+        # Eq. 1 by hand: samples of labels both hold, over all samples of the two clients
+        both = [c for c in range(10) if counts[i][c] > 0 and counts[j][c] > 0]
+        shared = sum(counts[i][c] + counts[j][c] for c in both)
+        assert pair["data_similarity"] == pytest.approx(
+            shared / (counts[i].sum() + counts[j].sum())
+        )
+        assert -1 <= pair["cs"] <= 1 and -1 <= pair["mdb"] <= 1
+        assert "wdb" not in pair  # the MLP has no BatchNorm
+    truth = [p["data_similarity"] for p in table["pairs"]]
+    cs = [p["cs"] for p in table["pairs"]]
+    rank = lambda v: np.argsort(np.argsort(v))  # noqa: E731 (no ties here)
+    rho = np.corrcoef(rank(truth), rank(cs))[0, 1]
+    assert table["scores"]["cs"]["spearman"] == pytest.approx(rho)
 
 
 def test_analyze_similarity_bad_input(tmp_path):
-    from pflkit.cli import app
-
-    res = CliRunner().invoke(
-        app, ["analyze", "similarity", str(tmp_path / "missing.yaml"), "--out", str(tmp_path)]
-    )
-    assert res.exit_code == 2
+    r = pflkit("analyze", "similarity", "missing.yaml", "--out", "sim", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config()))
+    r = pflkit("analyze", "similarity", str(cfg), "--steps", "0", cwd=tmp_path)
+    assert r.returncode == 2 and "--steps" in r.stderr
