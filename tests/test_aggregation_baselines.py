@@ -201,9 +201,9 @@ def test_fedap_distance_on_known_gaussians():
 
 
 def test_fedap_weights_momentum_and_inverse_distance():
-    w = fedap_weights(0, [1, 2], [1.0, 3.0], momentum=0.5)
-    # 1/d = 1, 1/3; shares 0.75, 0.25 of (1 - 0.5)
-    assert w == pytest.approx({0: 0.5, 1: 0.375, 2: 0.125})
+    w = fedap_weights(0, [1, 2], [1.0, 3.0], momentum=0.3)
+    # 1/d = 1, 1/3; shares 0.75, 0.25 of (1 - 0.3)
+    assert w == pytest.approx({0: 0.3, 1: 0.525, 2: 0.175})
     assert fedap_weights(0, [], [], 0.5) == {0: 1.0}
 
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,23 +169,26 @@ def test_bn_local_never_sends_running_statistics():
 
 
 # -- the measurement study -----------------------------------------------------------------------
-def pflkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pflkit.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ | {"COLUMNS": "200"},
-    )
+def pflkit(monkeypatch, *args: str) -> int:
+    """Run the command line in this process (as ``pflkit ARGS``), return its exit code."""
+    from pflkit.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["pflkit", *args])
+    try:
+        main()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
 
 
-def test_analyze_similarity_command_writes_table_and_heatmap(tmp_path):
+def test_analyze_similarity_command_writes_table_and_heatmap(tmp_path, monkeypatch):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump(tiny_config()))
-    r = pflkit("analyze", "similarity", str(cfg), "--out", "sim", "--steps", "5", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
     out = tmp_path / "sim"
+    assert (
+        pflkit(monkeypatch, "analyze", "similarity", str(cfg), "--out", str(out), "--steps", "5")
+        == 0
+    )
     table = json.loads((out / "similarity.json").read_text())
     md = (out / "similarity.md").read_text()
     assert "CS: classifier cosine" in md and "| (0, 1) |" in md
@@ -212,11 +212,12 @@ def test_analyze_similarity_command_writes_table_and_heatmap(tmp_path):
     assert table["scores"]["cs"]["spearman"] == pytest.approx(rho)
 
 
-def test_analyze_similarity_bad_input(tmp_path):
-    r = pflkit("analyze", "similarity", "missing.yaml", "--out", "sim", cwd=tmp_path)
-    assert r.returncode == 2
-    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+def test_analyze_similarity_bad_input(tmp_path, monkeypatch, capsys):
+    missing = str(tmp_path / "missing.yaml")
+    assert pflkit(monkeypatch, "analyze", "similarity", missing, "--out", str(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump(tiny_config()))
-    r = pflkit("analyze", "similarity", str(cfg), "--steps", "0", cwd=tmp_path)
-    assert r.returncode == 2 and "--steps" in r.stderr
+    assert pflkit(monkeypatch, "analyze", "similarity", str(cfg), "--steps", "0") == 2
+    assert "--steps must be at least 1" in capsys.readouterr().err
