@@ -1,4 +1,4 @@
-"""The ``pflkit`` command line: run, compare, partition, list, flower.
+"""The ``pflkit`` command line: run, compare, partition, analyze, list, flower.
 
 User mistakes (:class:`~pflkit.errors.PflkitError`) print one sentence and exit with code 2.
 """
@@ -200,6 +200,43 @@ def partition(
     )
     plot_class_heatmap(table, path, title=title, class_names=data.class_names)
     out_console.print(f"heatmap: {path}")
+
+
+analyze = typer.Typer(
+    no_args_is_help=True,
+    help="Analyses of a config's federated setting (no training run).",
+)
+app.add_typer(analyze, name="analyze")
+
+
+@analyze.command()
+def similarity(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Output folder (default: similarity-<name>)."),
+    ] = None,
+    steps: Annotated[
+        int, typer.Option(help="Local SGD steps per client (pFedSim §3: 20 iterations).")
+    ] = 20,
+    clients: Annotated[
+        int | None, typer.Option(help="Use only the first N clients (default: all).")
+    ] = None,
+) -> None:
+    """pFedSim's measurement study (§3, Table 2): classifier similarity and the other metrics
+    against the true data similarity, for the config's partition (table + heatmap)."""
+    from pflkit.analysis import similarity_study
+
+    if config is None:
+        raise PflkitError("give the experiment config: pflkit analyze similarity CONFIG --out DIR")
+    cfg = load_config(config, set_ or [])
+    folder = out or Path(f"similarity-{cfg.name}")
+    res = similarity_study(cfg, folder, steps=steps, clients=clients)
+    for m, s in res["scores"].items():
+        rho = "n/a" if s["spearman"] is None else f"{s['spearman']:.3f}"
+        out_console.print(f"{m}: Spearman {rho} with data similarity")
+    out_console.print(f"written to {folder} (similarity.md, similarity.json, similarity.png)")
 
 
 @app.command(name="list")

@@ -1,0 +1,183 @@
+"""f-FedAP: Lu, Wang, Chen, Qin, Xu, Dimitriadis & Qin, "Personalized Federated Learning with
+Adaptive Batchnorm for Healthcare", IEEE Trans. Big Data 2022 (FedAP, §3); the "f" version
+as the pFedSim paper runs it (App. A.5): FedBN warm-up instead of a pre-trained model, then
+similarity-weighted aggregation with model momentum. Authors' code: microsoft/PersonalizedFL
+(``fedap``).
+
+Shared: every parameter except BatchNorm layers (as FedBN), and once per client its BN input
+statistics. Private: each client's BatchNorm layers (client state ``bn``), never sent.
+
+1. **Warm-up** (rounds 1 .. T_g, T_g = floor(rho * T)): FedBN.
+2. **Statistics** (FedAP §3.2): with the warm-up model and its own BN layers, client i passes
+   its training data through the network and records, at the input of every BN layer l, the
+   per-channel mean mu_il and variance sigma_il^2.
+3. **Similarity** (FedAP Eq. for the Wasserstein distance of diagonal Gaussians, summed over
+   layers as the authors' code does)::
+
+       d_ij = sum_l sqrt( ||mu_il - mu_jl||^2 + ||sigma_il - sigma_jl||^2 )
+       W_ij = (1 - mu) * (1 / d_ij) / sum_{k != i} (1 / d_ik),    W_ii = mu   (model momentum)
+
+4. **Personalized aggregation**: client i receives sum_j W_ij theta_j over its non-BN
+   parameters, theta_j being client j's last uploaded model; it trains E epochs and uploads.
+
+Defaults: rho = 0.5 and model momentum mu = 0.5 (pFedSim App. A.5).
+
+Deviations (partial participation; FedAP has every client take part):
+- Statistics are computed when a client is first selected after the warm-up, with the model
+  it then receives (the warm-up extractor and its own BN layers: the model it had at the
+  switch), and uploaded once (counted in its bytes). Until the server has a client's
+  statistics, that client receives its own last model; the sums over k run over the clients
+  whose statistics are known.
+- Means and variances are over the whole training split in one pass (eval mode); the code
+  averages per-batch values. d_ij = 0 is clamped to 1e-12 (the code uses a weight of 1e14).
+- Personalized model for evaluation: the client's last trained model (non-BN part stored on
+  the server) with its own BN layers; no global model is scored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from pflkit.algorithms.base import Payload, State, Update, param, register, train_from
+from pflkit.algorithms.blocks.bn import bn_keys, bn_modules, merged, only, without
+from pflkit.algorithms.blocks.training import Weights
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.fedbn import FedBN
+from pflkit.algorithms.pfedsim import warmup_rounds
+
+Stats = dict[str, list[Tensor]]  # {"mean": [per layer], "var": [per layer]}
+
+
+@torch.no_grad()
+def feature_stats(model: nn.Module, x: Tensor, batch_size: int = 1000) -> Stats:
+    """Per-channel mean and (population) variance of the input of every BatchNorm layer of
+    ``model`` over the samples ``x`` (eval mode), float64."""
+    mods = [m for _, m in bn_modules(model)]
+    acc = [[0.0, 0.0, 0] for _ in mods]  # sum, sum of squares, count
+
+    def hook(i):
+        def fn(module, inputs):
+            z = inputs[0].double()
+            dims = [0] + list(range(2, z.dim()))
+            acc[i][0] = acc[i][0] + z.sum(dims)
+            acc[i][1] = acc[i][1] + (z * z).sum(dims)
+            acc[i][2] += z.numel() // z.shape[1]
+
+        return fn
+
+    handles = [m.register_forward_pre_hook(hook(i)) for i, m in enumerate(mods)]
+    try:
+        model.eval()
+        for s in range(0, len(x), batch_size):
+            model(x[s : s + batch_size])
+    finally:
+        for h in handles:
+            h.remove()
+    means, variances = [], []
+    for s1, s2, n in acc:
+        mean = s1 / max(n, 1)
+        means.append(torch.as_tensor(mean, dtype=torch.float64))
+        variances.append(torch.as_tensor(s2 / max(n, 1) - mean * mean).clamp(min=0.0))
+    return {"mean": means, "var": variances}
+
+
+def bn_wasserstein(a: Stats, b: Stats) -> float:
+    """sum over layers of the 2-Wasserstein distance of N(mu_a, diag var_a) and
+    N(mu_b, diag var_b): sqrt(||mu_a - mu_b||^2 + ||sigma_a - sigma_b||^2)."""
+    total = 0.0
+    for ma, va, mb, vb in zip(a["mean"], a["var"], b["mean"], b["var"], strict=True):
+        sq = ((ma - mb) ** 2).sum() + ((va.sqrt() - vb.sqrt()) ** 2).sum()
+        total += math.sqrt(float(sq))
+    return total
+
+
+def fedap_weights(
+    cid: int, others: Sequence[int], dists: Sequence[float], momentum: float
+) -> dict[int, float]:
+    """W_i.: momentum for ``cid``, (1 - momentum) shared by ``others`` in proportion to 1/d."""
+    if not others:
+        return {cid: 1.0}
+    inv = [1.0 / max(d, 1e-12) for d in dists]
+    s = sum(inv)
+    out = {j: (1.0 - momentum) * v / s for j, v in zip(others, inv, strict=True)}
+    out[cid] = momentum
+    return out
+
+
+@register
+class FedAP(FedBN):
+    name = "fedap"
+    description = (
+        "f-FedAP (Lu et al. 2022): FedBN warm-up, then aggregation weighted by the Wasserstein "
+        "distance of BN statistics, with model momentum"
+    )
+
+    class Params(FedBN.Params):
+        warmup_ratio: float = param(0.5, "pFedSim App. A.5 (generalization ratio)", ge=0, le=1)
+        momentum: float = param(0.5, "pFedSim App. A.5 (model momentum mu)", ge=0, le=1)
+
+    def t_g(self, env) -> int:
+        return warmup_rounds(env.run.rounds, self.params.warmup_ratio)
+
+    def server_init(self, env: ServerEnv) -> State:
+        return {**super().server_init(env), "stats": {}, "personal": {}}
+
+    def stored(self, server: State, cid: int) -> Weights:
+        return server["personal"].get(cid, server["weights"])
+
+    def row(self, server: State, cid: int) -> dict[int, float]:
+        stats = server["stats"]
+        others = sorted(j for j in stats if j != cid)
+        dists = [bn_wasserstein(stats[cid], stats[j]) for j in others]
+        return fedap_weights(cid, others, dists, self.params.momentum)
+
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+        if rnd <= self.t_g(env):
+            return {"weights": server["weights"]}
+        if cid not in server["stats"]:
+            return {"weights": self.stored(server, cid), "need_stats": True}
+        own = self.stored(server, cid)
+        out: Weights = {}
+        row = self.row(server, cid)
+        for k, v in own.items():
+            if not v.is_floating_point():
+                out[k] = v.clone()
+                continue
+            acc = torch.zeros_like(v)
+            for j, w in row.items():
+                acc.add_(self.stored(server, j)[k], alpha=w)
+            out[k] = acc
+        return {"weights": out}
+
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        model = env.model()
+        start = merged(model, payload["weights"], state["bn"])
+        extra = {}
+        if payload.get("need_stats"):
+            stats_model = env.model("fedap_stats")
+            stats_model.load_state_dict(start)
+            extra["stats"] = feature_stats(stats_model, env.data.train_x)
+        weights, loss = train_from(env, start)
+        keys = bn_keys(model)
+        upload = {"weights": without(weights, keys), "num_samples": env.num_train, **extra}
+        return Update(upload, {**state, "bn": only(weights, keys)}, {"train_loss": loss})
+
+    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+        if rnd <= self.t_g(env):
+            return super().aggregate(env, server, uploads, rnd, phase)
+        personal, stats = dict(server["personal"]), dict(server["stats"])
+        for cid, up in uploads.items():
+            personal[cid] = up["weights"]
+            if "stats" in up:
+                stats[cid] = up["stats"]
+        return {**server, "personal": personal, "stats": stats}
+
+    def global_weights(self, env: ServerEnv, server: State):
+        return None
+
+    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+        return {"weights": self.stored(server, cid)}

@@ -1,0 +1,111 @@
+"""FedDyn: Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, "Federated Learning Based on
+Dynamic Regularization", ICLR 2021 (Algorithm 1).
+
+Shared: the server model theta (downloaded), each selected client's trained model (uploaded).
+Private: each client's gradient state g_k = grad L_k(theta_k^{t-1}) (client state ``grad``,
+zero at first), one tensor per parameter. Server state: theta and h (one tensor per parameter,
+zero at first).
+
+Client k in round t, from the downloaded theta^{t-1} (Algorithm 1, Eq. 1 and the update below
+it)::
+
+    theta_k^t = argmin_theta  L_k(theta) - <g_k, theta> + (alpha/2) ||theta - theta^{t-1}||^2
+    g_k      <- g_k - alpha (theta_k^t - theta^{t-1})
+
+The argmin is approximated by E epochs of local SGD: the linear term adds -g_k to each
+gradient and the quadratic term alpha (theta - theta^{t-1}) (gradient hooks, after
+``train.grad_clip``; the reported loss is the task loss alone).
+
+Server, with m = the number of clients and P_t the round's clients::
+
+    h^t     = h^{t-1} - alpha (1/m) sum_{k in P_t} (theta_k^t - theta^{t-1})
+    theta^t = (1/|P_t|) sum_{k in P_t} theta_k^t - (1/alpha) h^t
+
+Defaults: alpha = 0.01 (pFedSim App. A.5; the FedDyn paper searches {0.1, 0.01, 0.001}).
+Deviations: BatchNorm running statistics are buffers, not parameters: they are averaged like
+FedAvg (no h correction); integer buffers are taken from the first client. The server model
+theta^t is the model evaluated and sent (the paper's code also reports an "all clients"
+average). ``weighting: samples`` would weight the mean by n_k; the paper's mean is uniform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    State,
+    Update,
+    Weighting,
+    param,
+    register,
+    train_from,
+    weighted_average,
+)
+from pflkit.algorithms.blocks.training import Weights, proximal_pull, shift_grad
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+
+
+def param_zeros(model: torch.nn.Module) -> Weights:
+    return {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+
+
+def feddyn_server_update(
+    theta: Mapping[str, torch.Tensor],
+    h: Mapping[str, torch.Tensor],
+    uploads: Mapping[int, Mapping],
+    alpha: float,
+    num_clients: int,
+    uniform: bool = True,
+) -> tuple[Weights, Weights]:
+    """(theta^t, h^t) from theta^{t-1}, h^{t-1} and the uploads' ``weights`` (see above)."""
+    mean = weighted_average(uploads, uniform=uniform)
+    new_h: Weights = {}
+    for k, hk in h.items():
+        drift = sum(u["weights"][k] - theta[k] for u in uploads.values())
+        new_h[k] = hk - alpha * drift / num_clients
+    new_theta = {k: (v - new_h[k] / alpha if k in new_h else v) for k, v in mean.items()}
+    return new_theta, new_h
+
+
+@register
+class FedDyn(Algorithm):
+    name = "feddyn"
+    description = "FedDyn (Acar et al. 2021): dynamic linear + quadratic regularizer, server h"
+
+    class Params(Algorithm.Params):
+        alpha: float = param(0.01, "pFedSim App. A.5 (paper grid {0.1, 0.01, 0.001})", gt=0)
+        weighting: Weighting = param("uniform", "paper (Alg. 1: mean over P_t)")
+
+    def server_init(self, env: ServerEnv) -> State:
+        return {"weights": env.init_weights(), "h": param_zeros(env.model())}
+
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        a = self.params.alpha
+        theta = payload["weights"]
+        model = env.model()
+        grad = state.get("grad") or param_zeros(model)
+        params = dict(model.named_parameters())
+        hooks = [
+            shift_grad([(p, -grad[k]) for k, p in params.items()]),
+            proximal_pull([(p, theta[k]) for k, p in params.items()], a),
+        ]
+        weights, loss = train_from(env, theta, grad_hooks=hooks)
+        new_grad = {k: g - a * (weights[k] - theta[k]) for k, g in grad.items()}
+        upload = {"weights": weights, "num_samples": env.num_train}
+        return Update(upload, {**state, "grad": new_grad}, {"train_loss": loss})
+
+    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+        p = self.params
+        theta, h = feddyn_server_update(
+            server["weights"],
+            server["h"],
+            uploads,
+            p.alpha,
+            env.num_clients,
+            uniform=p.weighting == "uniform",
+        )
+        return {**server, "weights": theta, "h": h}

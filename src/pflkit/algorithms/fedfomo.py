@@ -1,0 +1,176 @@
+"""FedFomo: Zhang, Sapra, Fidler, Yeung & Alvarez, "Personalized Federated Learning with First
+Order Model Optimization", ICLR 2021 (Algorithm 1, Eq. 5-7).
+
+Shared: per round, the server sends each selected client M other clients' latest models; the
+client uploads its trained model and its weight vector. Private: the client's own model
+theta_i (client state ``weights``) and its validation split (a fixed ``val_fraction`` of its
+training data; it trains on the rest). Server state: every client's last uploaded model and
+the affinity matrix P (n x n, zeros at first).
+
+Client i, with the downloaded models theta_n (n in the round's M neighbours)::
+
+    w_n   = (L_i(theta_i^{t-1}) - L_i(theta_n)) / ||theta_n - theta_i^{t-1}||     (Eq. 5)
+    w_n  <- max(w_n, 0) / sum_m max(w_m, 0)                                        (Eq. 6)
+    theta_i^t = theta_i^{t-1} + sum_n w_n (theta_n - theta_i^{t-1})                (Eq. 7)
+
+with L_i the cross-entropy on i's validation split (eval mode) and the norm over all
+parameters. If no weight is positive the client keeps theta_i^{t-1}. It then trains E local
+epochs from theta_i^t and uploads the result with the weights; the server stores the model and
+adds the weights to its affinity row, P_in <- P_in + w_n.
+
+Neighbour choice (paper §3.2): epsilon-greedy on row i of P: with probability epsilon, M
+clients at random, otherwise the M with the highest affinity (ties: lower id). Candidates are
+the clients whose model the server has received (in round 1 there are none and the client just
+trains); epsilon decays linearly per round to 0.
+
+Defaults: M = 5 and val_fraction = 0.2 (pFedSim App. A.5); epsilon = 0.3 decaying by 0.05 per
+round (the FedFomo authors' code defaults as we read them; the paper only names
+epsilon-greedy, so these two are uncertain). Deviations: a client's first theta_i^{t-1} is the
+shared initial model, sent with its first download (counted); FedFomo has no global model, so
+``global_acc`` is not reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pflkit.algorithms.base import Algorithm, Payload, State, Update, param, register, train_from
+from pflkit.algorithms.blocks.training import Weights, predict, set_weights
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.data.federated import ClientData
+
+
+def fomo_weights(own_loss: float, losses: Sequence[float], dists: Sequence[float]) -> torch.Tensor:
+    """Eq. 5-6: (L(own) - L(n)) / ||theta_n - own||, negatives to 0, normalised (all zero when
+    none is positive). float64."""
+    raw = torch.tensor(
+        [(own_loss - l) / d if d > 0 else 0.0 for l, d in zip(losses, dists, strict=True)],
+        dtype=torch.float64,
+    )
+    raw = raw.clamp(min=0.0)
+    total = raw.sum()
+    return raw / total if total > 0 else raw
+
+
+def fomo_combine(own: Mapping[str, torch.Tensor], models: Sequence[Mapping], w: torch.Tensor):
+    """Eq. 7: own + sum_n w_n (theta_n - own) on floating entries (integer ones: own)."""
+    out: Weights = {}
+    for k, v in own.items():
+        if not v.is_floating_point():
+            out[k] = v.clone()
+            continue
+        acc = v.clone()
+        for m, wn in zip(models, w.tolist(), strict=True):
+            if wn > 0:
+                acc.add_(m[k] - v, alpha=wn)
+        out[k] = acc
+    return out
+
+
+def param_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], keys) -> float:
+    """||a - b|| over the entries ``keys`` (the model's parameters), float64."""
+    return float(torch.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in keys)))
+
+
+def val_split(env: ClientEnv, fraction: float) -> tuple[ClientData, torch.Tensor, torch.Tensor]:
+    """(the client's data without its validation part, val x, val y): a fixed split drawn from
+    (run seed, client), the same in every engine and round."""
+    d = env.data
+    n = len(d.train_y)
+    n_val = int(round(fraction * n)) if n >= 2 else 0
+    g = torch.Generator().manual_seed(
+        int(np.random.SeedSequence([env.run.seed, env.cid, 0xF0]).generate_state(1)[0])
+    )
+    perm = torch.randperm(n, generator=g)
+    val, tr = perm[:n_val], perm[n_val:]
+    train = ClientData(d.train_x[tr], d.train_y[tr], d.test_x, d.test_y)
+    return train, d.train_x[val], d.train_y[val]
+
+
+def val_loss(model: torch.nn.Module, weights: Mapping, x: torch.Tensor, y: torch.Tensor) -> float:
+    set_weights(model, weights)
+    return float(F.cross_entropy(predict(model, x), y)) if len(y) else 0.0
+
+
+@register
+class FedFomo(Algorithm):
+    name = "fedfomo"
+    description = "FedFomo (Zhang et al. 2021): clients weight M downloaded models by val-loss gain"
+
+    class Params(Algorithm.Params):
+        m: int = param(5, "pFedSim App. A.5 (M)", ge=1)
+        val_fraction: float = param(0.2, "pFedSim App. A.5", ge=0, lt=1)
+        epsilon: float = param(0.3, "FedFomo code (paper: epsilon-greedy; uncertain)", ge=0, le=1)
+        epsilon_decay: float = param(0.05, "FedFomo code (per round; uncertain)", ge=0)
+
+    def server_init(self, env: ServerEnv) -> State:
+        n = env.num_clients
+        return {
+            "init": env.init_weights(),
+            "models": {},
+            "P": torch.zeros(n, n, dtype=torch.float64),
+        }
+
+    def neighbours(self, env: ServerEnv, server: State, cid: int, rnd: int) -> list[int]:
+        p = self.params
+        avail = sorted(j for j in server["models"] if j != cid)
+        if len(avail) <= p.m:
+            return avail
+        rng = np.random.default_rng([env.run.seed, rnd, cid, 0xF0])
+        eps = max(p.epsilon - p.epsilon_decay * (rnd - 1), 0.0)
+        if rng.random() < eps:
+            return sorted(int(j) for j in rng.choice(avail, p.m, replace=False))
+        aff = server["P"][cid, avail].numpy()
+        order = np.argsort(-aff, kind="stable")[: p.m]
+        return sorted(avail[i] for i in order)
+
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+        ids = self.neighbours(env, server, cid, rnd)
+        payload: Payload = {
+            "ids": torch.tensor(ids, dtype=torch.int64),
+            "models": [server["models"][j] for j in ids],
+        }
+        if cid not in server["models"]:
+            payload["init"] = server["init"]  # the client's theta^{t-1} on its first round
+        return payload
+
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        own = state.get("weights") or payload["init"]
+        train, vx, vy = val_split(env, self.params.val_fraction)
+        model = env.model("fomo_eval")
+        keys = [k for k, _ in model.named_parameters()]
+        models = payload["models"]
+        w = torch.zeros(len(models), dtype=torch.float64)
+        start = own
+        if models:
+            own_loss = val_loss(model, own, vx, vy)
+            losses = [val_loss(model, m, vx, vy) for m in models]
+            dists = [param_distance(m, own, keys) for m in models]
+            w = fomo_weights(own_loss, losses, dists)
+            start = fomo_combine(own, models, w)
+        weights, loss = train_from(dataclasses.replace(env, data=train), start)
+        upload = {"weights": weights, "ids": payload["ids"], "w": w}
+        return Update(upload, {**state, "weights": weights}, {"train_loss": loss})
+
+    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+        models = dict(server["models"])
+        P = server["P"].clone()
+        for cid, up in uploads.items():
+            models[cid] = up["weights"]
+            if len(up["ids"]):
+                P[cid, up["ids"]] += up["w"]
+        return {**server, "models": models, "P": P}
+
+    def global_weights(self, env: ServerEnv, server: State):
+        return None
+
+    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+        return {"weights": server["init"]}  # used only before the client's first round
+
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+        return state.get("weights")

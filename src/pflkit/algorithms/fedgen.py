@@ -1,0 +1,190 @@
+"""FedGen: Zhu, Hong & Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated
+Learning", ICML 2021 (Algorithm 1, Eq. 4-5); hyper-parameters as the pFedSim paper runs it
+(App. A.5).
+
+Shared: the global model (FedAvg) and a server-side generator G_w(z, y) of latent features
+(the input of the classifier head), downloaded with the model from round 2 on. Uploaded: the
+trained model and the client's label counts (the paper's label-count statistics).
+Private: nothing.
+
+Server, after FedAvg over the round's models theta_k (Eq. 4, with the ensemble of the clients'
+heads h(.; theta_k^p) weighted per label by the clients' counts, alpha_{k,y} = n_{k,y} /
+sum_k n_{k,y})::
+
+    min_w  E_{y ~ U(labels), z ~ N(0, I)} [ CE( sum_k alpha_{k,y} h(G_w(z, y); theta_k^p), y ) ]
+           + eta * diversity(z, G_w(z, y))
+
+for ``gen_iters`` Adam steps of ``gen_batch`` samples; y is drawn from the labels seen so far.
+The diversity term is the FedGen code's exp(-mean_{i,j} |z_i - z_j|^2_mean * |G_i - G_j|_mean).
+
+Client k (Eq. 5, with the code's latent-matching term): E local epochs on
+
+    CE(theta_k; x, y) + alpha_t * CE(h(G_w(z, y~); theta_k^p), y~)
+                      + beta_t * KL( softmax(h(G_w(z, y); theta_k^p)) || softmax(f(x; theta_k)) )
+
+with y~ drawn uniformly from the downloaded labels (``gen_batch`` per step), z ~ N(0, I), the
+generator frozen (eval mode), and alpha_t = alpha * decay^(t-1), beta_t likewise. Round 1 has no
+generator yet: plain FedAvg.
+
+Defaults (pFedSim App. A.5): generator hidden 32, noise 32, 5 generator iterations per round,
+generated batch 32, alpha = beta = 10 decaying by 0.98 per round; eta = 1 and the generator's
+Adam lr 3e-4 are the FedGen code's. The generator is one hidden layer: Linear(noise + |Y| ->
+hidden) -> BatchNorm1d -> ReLU -> Linear(hidden -> feature_dim), y one-hot (FedGen code).
+Deviations: the code's KD of the server model on the ensemble is off there too (beta = 0);
+its per-round lr decay of the generator is not applied; the teacher loss is not rescaled by
+gen_batch / batch_size (1 at the defaults).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    State,
+    Update,
+    Weighting,
+    param,
+    register,
+    train_from,
+    weighted_average,
+)
+from pflkit.algorithms.blocks.training import cross_entropy, get_weights
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+
+
+class Generator(nn.Module):
+    """G_w(z, y): [z, onehot(y)] -> hidden -> BN -> ReLU -> latent feature."""
+
+    def __init__(self, noise_dim: int, num_classes: int, hidden: int, latent: int):
+        super().__init__()
+        self.noise_dim, self.num_classes = noise_dim, num_classes
+        self.fc = nn.Linear(noise_dim + num_classes, hidden)
+        self.bn = nn.BatchNorm1d(hidden)
+        self.out = nn.Linear(hidden, latent)
+
+    def forward(self, z: Tensor, y: Tensor) -> Tensor:
+        h = torch.cat([z, F.one_hot(y, self.num_classes).float()], 1)
+        return self.out(F.relu(self.bn(self.fc(h))))
+
+
+def diversity_loss(z: Tensor, feat: Tensor) -> Tensor:
+    """FedGen code's DiversityLoss: exp(-mean(noise_dist * feature_dist)), noise distance the
+    mean squared difference and feature distance the mean absolute difference per pair."""
+    nd = (z[:, None] - z[None]).pow(2).mean(2)
+    fd = (feat[:, None] - feat[None]).abs().mean(2)
+    return torch.exp(-(nd * fd).mean())
+
+
+def head_logits(model: nn.Module, weights: Mapping[str, Tensor], feat: Tensor) -> Tensor:
+    """The classifier head of ``weights`` (full-model keys) applied to features ``feat``."""
+    head = {k[len("head.") :]: v for k, v in weights.items() if k.startswith("head.")}
+    return torch.func.functional_call(model.head, head, (feat,))
+
+
+@register
+class FedGen(Algorithm):
+    name = "fedgen"
+    description = "FedGen (Zhu et al. 2021): FedAvg + a server generator of latent features"
+
+    class Params(Algorithm.Params):
+        hidden: int = param(32, "pFedSim App. A.5", gt=0)
+        noise_dim: int = param(32, "pFedSim App. A.5", gt=0)
+        gen_iters: int = param(5, "pFedSim App. A.5", ge=0)
+        gen_batch: int = param(32, "pFedSim App. A.5", gt=0)
+        alpha: float = param(10.0, "pFedSim App. A.5 (alpha_generative)", ge=0)
+        beta: float = param(10.0, "pFedSim App. A.5 (beta_generative)", ge=0)
+        decay: float = param(0.98, "pFedSim App. A.5 (per round)", gt=0, le=1)
+        eta: float = param(1.0, "FedGen code (diversity weight)", ge=0)
+        gen_lr: float = param(3e-4, "FedGen code (Adam)", gt=0)
+        weighting: Weighting = param("samples", "paper (FedAvg aggregation)")
+
+    def generator(self, env: ServerEnv | ClientEnv, weights: Mapping | None = None) -> Generator:
+        p = self.params
+        latent = env.model().feature_dim
+        with torch.random.fork_rng(devices=[]):
+            gen = Generator(p.noise_dim, env.num_classes, p.hidden, latent)
+        if weights is not None:
+            gen.load_state_dict(weights)
+        return gen
+
+    def server_init(self, env: ServerEnv) -> State:
+        gen = Generator(
+            self.params.noise_dim, env.num_classes, self.params.hidden, env.model().feature_dim
+        )
+        return {
+            "weights": env.init_weights(),
+            "gen": get_weights(gen),
+            "trained": False,
+            "labels": torch.zeros(0, dtype=torch.int64),
+        }
+
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+        if not server["trained"]:
+            return {"weights": server["weights"]}
+        return {"weights": server["weights"], "gen": server["gen"], "labels": server["labels"]}
+
+    def local_loss(self, env: ClientEnv, payload: Payload, rnd: int):
+        p = self.params
+        gen = self.generator(env, payload["gen"]).eval()
+        labels = payload["labels"]
+        a_t = p.alpha * p.decay ** (rnd - 1)
+        b_t = p.beta * p.decay ** (rnd - 1)
+
+        def loss_fn(model, x, y):
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+            with torch.no_grad():
+                target = F.softmax(model.head(gen(torch.randn(len(y), p.noise_dim), y)), 1)
+                y_gen = labels[torch.randint(len(labels), (p.gen_batch,))]
+                feat = gen(torch.randn(p.gen_batch, p.noise_dim), y_gen)
+            latent = F.kl_div(F.log_softmax(logits, 1), target, reduction="batchmean")
+            teacher = F.cross_entropy(model.head(feat), y_gen)
+            return loss + a_t * teacher + b_t * latent
+
+        return loss_fn
+
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        loss_fn = self.local_loss(env, payload, rnd) if "gen" in payload else cross_entropy
+        weights, loss = train_from(env, payload["weights"], loss_fn=loss_fn)
+        counts = torch.bincount(env.data.train_y, minlength=env.num_classes).double()
+        upload = {"weights": weights, "num_samples": env.num_train, "label_counts": counts}
+        return Update(upload, state, {"train_loss": loss})
+
+    def train_generator(self, env: ServerEnv, server: State, uploads) -> tuple[dict, Tensor]:
+        p = self.params
+        gen = self.generator(env, server["gen"]).train()
+        opt = torch.optim.Adam(gen.parameters(), lr=p.gen_lr)
+        if "gen_opt" in server:
+            opt.load_state_dict(server["gen_opt"])
+        ups = list(uploads.values())
+        counts = torch.stack([u["label_counts"] for u in ups])  # [K, C]
+        seen = torch.stack([counts.sum(0), torch.zeros(env.num_classes, dtype=torch.float64)])
+        if server["labels"].numel():
+            seen[1, server["labels"]] = 1.0
+        labels = torch.nonzero(seen.sum(0) > 0).flatten()
+        share = counts / counts.sum(0).clamp(min=1e-12)  # alpha_{k,y}
+        model = env.model()
+        for _ in range(p.gen_iters):
+            y = labels[torch.randint(len(labels), (p.gen_batch,))]
+            z = torch.randn(p.gen_batch, p.noise_dim)
+            feat = gen(z, y)
+            logits = sum(
+                share[k, y].float()[:, None] * head_logits(model, u["weights"], feat)
+                for k, u in enumerate(ups)
+            )
+            loss = F.cross_entropy(logits, y) + p.eta * diversity_loss(z, feat)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return {"gen": get_weights(gen), "gen_opt": opt.state_dict()}, labels
+
+    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+        avg = weighted_average(uploads, uniform=self.params.weighting == "uniform")
+        gen, labels = self.train_generator(env, server, uploads)
+        return {**server, **gen, "weights": avg, "labels": labels, "trained": True}
