@@ -69,9 +69,9 @@ def meta_loss(alpha: float, variant: str = "fo", delta: float = 1e-3) -> LossFn:
             return outer  # d outer / d w = grad f(w_tmp, D') since d w_tmp / d w = I
         v = torch.autograd.grad(outer, list(params.values()), retain_graph=True)
         x3, y3 = parts[2]
-        with torch.no_grad():
-            plus = {k: p + delta * vk for (k, p), vk in zip(params.items(), v, strict=True)}
-            minus = {k: p - delta * vk for (k, p), vk in zip(params.items(), v, strict=True)}
+        pairs = list(zip(params.items(), v, strict=True))
+        plus = {k: (p + delta * vk).detach().requires_grad_() for (k, p), vk in pairs}
+        minus = {k: (p - delta * vk).detach().requires_grad_() for (k, p), vk in pairs}
         gp, gm = _grads(model, plus, x3, y3), _grads(model, minus, x3, y3)
         corr = sum(
             (p * (alpha * (a - b) / (2 * delta))).sum()
