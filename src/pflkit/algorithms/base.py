@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 from pydantic import Field, ValidationError
-from torch import Tensor
+from torch import Tensor, nn
 
 from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
@@ -117,6 +117,16 @@ class Algorithm:
     def personal_weights(self, env: ClientEnv, view: Payload, state: State) -> Weights | None:
         """The client's personalized model; ``None`` means the global model."""
         return None
+
+    def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:
+        """The module that scores ``weights`` (what :meth:`personal_weights` or
+        :meth:`trained_weights` returned) on the client's local test split: by default the
+        client's model with ``weights`` loaded. An algorithm whose personalized model is more
+        than a :class:`~pflkit.models.PFLModel` (GPFL's conditional valve, FedRoD's two heads)
+        builds it here from the same plain dict."""
+        model = env.model()
+        set_weights(model, weights)
+        return model
 
     def trained_weights(
         self, env: ClientEnv, view: Payload, upload: Upload, state: State

@@ -35,7 +35,7 @@ import torch
 
 from pflkit.algorithms import Algorithm, build_algorithm, make_envs
 from pflkit.algorithms.base import Payload, State, Update, Upload
-from pflkit.algorithms.blocks.training import predict, set_weights
+from pflkit.algorithms.blocks.training import predict
 from pflkit.algorithms.env import ClientEnv
 from pflkit.config import ExperimentConfig, resolve_device, validate
 from pflkit.errors import PflkitError
@@ -112,10 +112,10 @@ def _finite(obj: Any) -> bool:
     return True
 
 
-def local_test_accuracy(env: ClientEnv, weights, batch_size: int) -> float:
-    """Accuracy of ``weights`` on the client's local test split."""
-    model = env.model()
-    set_weights(model, weights)
+def local_test_accuracy(algo: Algorithm, env: ClientEnv, weights, batch_size: int) -> float:
+    """Accuracy of ``weights`` on the client's local test split, scored by the algorithm's
+    :meth:`~pflkit.algorithms.Algorithm.scoring_model` (default: the client's model)."""
+    model = algo.scoring_model(env, weights)
     hits = int((predict(model, env.data.test_x, batch_size).argmax(1) == env.data.test_y).sum())
     return hits / max(len(env.data.test_y), 1)
 
@@ -144,7 +144,7 @@ def evaluate_client(
                     f"{algo.name}: personal_weights returned None but there is no global model"
                 )
             weights = view["weights"]
-    return local_test_accuracy(env, weights, batch_size)
+    return local_test_accuracy(algo, env, weights, batch_size)
 
 
 # -- runners --------------------------------------------------------------------------------------------

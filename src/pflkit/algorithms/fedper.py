@@ -1,0 +1,88 @@
+"""FedPer: Arivazhagan, Aggarwal, Singh & Choudhary, "Federated Learning with Personalization
+Layers", arXiv:1912.00818, 2019 (Sec. 3, Algorithm 1).
+
+Shared: the base layers W_B (the model's ``body``). Private: the personalization layers W_P
+(the model's ``head``), which never leave the client.
+
+- Client j receives W_B, loads it under its own W_P_j and runs E epochs of mini-batch SGD on
+  both together (the paper's "W_B, W_P_j <- SGD(...)", one joint objective: cross-entropy).
+- Server: W_B <- sum_j (n_j / n) W_B_j over the participants (Alg. 1: weighted by local data).
+- Personalized model: the latest aggregated W_B with the client's own W_P_j.
+
+:class:`SplitBody` is the shared-body / private-head plumbing that FedRep reuses.
+
+Deviations: the paper does not say how W_P starts; here every head starts from the same
+initial model as the body (:func:`~pflkit.algorithms.blocks.split.common_init`, as the
+PFLlib/GPFL code that runs this baseline). BatchNorm statistics in the body are averaged like
+parameters. There is no global model: ``global_acc`` is not reported.
+"""
+
+from __future__ import annotations
+
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    State,
+    Update,
+    Weighting,
+    param,
+    register,
+    weighted_average,
+)
+from pflkit.algorithms.blocks.split import common_init, require_homogeneous
+from pflkit.algorithms.blocks.training import get_weights, group, set_weights
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.models import PFLModel
+
+
+class SplitBody(Algorithm):
+    """Shared ``body`` (downloaded, trained, uploaded, averaged), private ``head`` (client
+    state ``head``). Subclasses define :meth:`local_train`."""
+
+    class Params(Algorithm.Params):
+        weighting: Weighting = param("samples", "paper (weighted by local data size)")
+
+    def check(self, env: ServerEnv) -> None:
+        require_homogeneous(env, self.name)
+
+    def server_init(self, env: ServerEnv) -> State:
+        return {"body": group(env.model(), common_init(env), "body")}
+
+    def client_init(self, env: ClientEnv) -> State:
+        return {"head": group(env.model(), common_init(env), "head")}
+
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str) -> Payload:
+        return {"body": server["body"]}
+
+    def local_train(self, env: ClientEnv, model: PFLModel) -> float:
+        raise NotImplementedError
+
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        model = env.model()
+        set_weights(model, {**payload["body"], **state["head"]})
+        loss = self.local_train(env, model)
+        w = get_weights(model)
+        upload = {"body": group(model, w, "body"), "num_samples": env.num_train}
+        return Update(upload, {**state, "head": group(model, w, "head")}, {"train_loss": loss})
+
+    def aggregate(self, env, server, uploads, rnd, phase) -> State:
+        uniform = self.params.weighting == "uniform"
+        return {**server, "body": weighted_average(uploads, "body", uniform=uniform)}
+
+    def global_weights(self, env: ServerEnv, server: State):
+        return None
+
+    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+        return {"body": server["body"]}
+
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+        return {**view["body"], **state["head"]}
+
+
+@register
+class FedPer(SplitBody):
+    name = "fedper"
+    description = "FedPer (Arivazhagan et al. 2019): shared body, private head, trained jointly"
+
+    def local_train(self, env: ClientEnv, model: PFLModel) -> float:
+        return env.train(model)

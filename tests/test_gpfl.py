@@ -1,0 +1,190 @@
+"""GPFL's defining math, each piece against a hand (numpy) computation; exact byte counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config
+from pflkit.algorithms import parse_params
+from pflkit.algorithms.gpfl import (
+    TABLE,
+    alg_loss,
+    cond_inputs,
+    cov_apply,
+    cov_params,
+    decay,
+    init_cov,
+    mlg_loss,
+    reg_norms,
+)
+from pflkit.config import validate
+from pflkit.engine import run_experiment
+from pflkit.errors import PflkitError
+from split_helpers import data, one_client
+
+A = np.array([[0.5, -1.0, 0.2], [0.3, 0.8, -0.4], [-0.6, 0.1, 0.9]])
+B = np.array([[0.2, 0.4, -0.1], [-0.7, 0.3, 0.5], [0.1, -0.2, 0.6]])
+
+
+def hand_cov():
+    """CoV weights by hand (K = 3), as float64 tensors and numpy arrays."""
+    w = {
+        "cov.gamma.linear.weight": A, "cov.gamma.linear.bias": np.array([0.1, -0.2, 0.3]),
+        "cov.gamma.ln.weight": np.array([1.5, 0.5, 1.0]), "cov.gamma.ln.bias": np.array([0.0, 0.1, -0.1]),
+        "cov.beta.linear.weight": B, "cov.beta.linear.bias": np.array([0.0, 0.2, -0.3]),
+        "cov.beta.ln.weight": np.array([1.0, 2.0, 0.5]), "cov.beta.ln.bias": np.array([0.3, 0.0, 0.2]),
+    }  # fmt: skip
+    return {k: torch.tensor(v) for k, v in w.items()}, w
+
+
+def np_ln(u, w, b, eps=1e-5):
+    return (u - u.mean()) / np.sqrt(u.var() + eps) * w + b
+
+
+def np_cov(w, z, f):
+    gamma = np_ln(np.maximum(A @ z + w["cov.gamma.linear.bias"], 0), w["cov.gamma.ln.weight"],
+                  w["cov.gamma.ln.bias"])  # fmt: skip
+    beta = np_ln(np.maximum(B @ z + w["cov.beta.linear.bias"], 0), w["cov.beta.ln.weight"],
+                 w["cov.beta.ln.bias"])  # fmt: skip
+    return gamma, beta, np.maximum((gamma + 1) * f + beta, 0)
+
+
+def test_cov_math_by_hand():
+    t, w = hand_cov()
+    z = np.array([0.4, -0.3, 1.2])
+    f = np.array([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]])
+    gamma, beta, out = np_cov(w, z, f)
+    tg, tb = cov_params(t, torch.tensor(z))
+    assert np.allclose(tg.numpy(), gamma) and np.allclose(tb.numpy(), beta)
+    assert np.allclose(cov_apply(torch.tensor(f), tg, tb).numpy(), out)
+    # gamma and beta depend on z only: one vector each, broadcast over the batch
+    assert tg.shape == (3,) and tb.shape == (3,)
+
+
+def test_cov_and_gce_shapes_and_parameter_counts():
+    # specs/gpfl.md §4.3: CoV has 2(K^2 + K) + 4K parameters = 527,360 at K = 512
+    cov = init_cov(512, torch.Generator().manual_seed(0))
+    assert sum(v.numel() for v in cov.values()) == 527_360
+    assert all(cov[f"cov.{r}.linear.weight"].shape == (512, 512) for r in ("gamma", "beta"))
+    assert cov["cov.gamma.linear.weight"].abs().max() <= 1 / np.sqrt(512)  # PyTorch's default
+    assert torch.equal(cov["cov.beta.ln.weight"], torch.ones(512))
+    x, y = data(8, 5, 4)
+    algo, senv, _ = one_client({"name": "gpfl"}, x, y, 4, hidden=(6,))
+    shared = algo.server_init(senv)["shared"]
+    assert shared[TABLE].shape == (4, 6)  # U x K, K = the body's feature width
+    assert sum(v.numel() for k, v in shared.items() if k.startswith("cov.")) == 2 * (36 + 6) + 24
+    assert {k.split(".")[0] for k in shared} == {"body", "cov", "gce"}  # no head
+
+
+def test_alg_loss_by_hand():
+    fg = np.array([[1.0, 2.0, 0.0], [0.5, -1.0, 2.0]])
+    table = np.array([[1.0, 0.0, 0.0], [0.0, 3.0, 4.0], [-1.0, 1.0, 1.0]])
+    y = np.array([1, 2])
+    cos = (fg / np.linalg.norm(fg, axis=1, keepdims=True)) @ (
+        table / np.linalg.norm(table, axis=1, keepdims=True)
+    ).T
+    # row 0: cos to c_0 = 1/sqrt5, to c_1 = 6/(5 sqrt5), to c_2 = 1/sqrt15
+    assert np.allclose(cos[0], [1 / np.sqrt(5), 6 / (5 * np.sqrt(5)), 1 / np.sqrt(15)])
+    hand = np.mean([np.log(np.exp(c).sum()) - c[t] for c, t in zip(cos, y, strict=True)])
+    got = alg_loss(torch.tensor(fg), torch.tensor(table), torch.tensor(y))
+    assert got.item() == pytest.approx(hand, rel=1e-12)
+
+
+def test_mlg_loss_both_forms_by_hand():
+    fg = torch.tensor([[3.0, 4.0], [1.0, 1.0]])
+    target = torch.tensor([[0.0, 0.0], [1.0, 2.0]])
+    assert mlg_loss(fg, target, "mean_l2").item() == pytest.approx((5.0 + 1.0) / 2)
+    assert mlg_loss(fg, target, "batch_frobenius").item() == pytest.approx(np.sqrt(26.0))
+
+
+def test_regularisers_by_hand():
+    a, b = torch.tensor([3.0, 0.0]), torch.tensor([[4.0]])
+    assert reg_norms([a, b]).item() == pytest.approx(5.0)
+    p = torch.tensor([2.0, -1.0], requires_grad=True)
+    p.grad = torch.tensor([0.5, 0.5])
+    decay([p], 0.1)([p])
+    assert torch.allclose(p.grad, torch.tensor([0.7, 0.4]))
+
+
+def test_conditional_inputs_are_the_mean_and_the_label_weighted_mean():
+    table = torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.0, 4.0], [5.0, 5.0]])
+    alpha = torch.tensor([0.5, 0.25, 0.25, 0.0])
+    g, p = cond_inputs(table, alpha)
+    assert torch.allclose(g, torch.tensor([9 / 4, 10 / 4]))
+    assert torch.allclose(p, torch.tensor([0.5 + 0.75 + 0.0, 1.0 - 0.25 + 1.0]))
+    _, printed = cond_inputs(table, alpha, "printed")
+    assert torch.allclose(printed, p / 4)
+
+
+def test_personalized_input_of_a_client_is_its_label_weighted_embedding_mean():
+    x, y = data(8, 5, 4)
+    y = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])  # alpha = (1/2, 1/4, 1/4, 0)
+    algo, senv, env = one_client({"name": "gpfl"}, x, y, 4, hidden=(3,))
+    server = algo.server_init(senv)
+    state = algo.client_init(env)
+    c = server["shared"][TABLE].numpy().astype(np.float64)
+    hand = 0.5 * c[0] + 0.25 * c[1] + 0.25 * c[2]
+    view = algo.eval_view(senv, server, 0)
+    got = algo.personal_weights(env, view, state)["cond.p"]
+    assert np.allclose(got.numpy(), hand, atol=1e-6)
+
+
+def test_inference_goes_through_the_personalized_route():
+    x, y = data(6, 3, 3)
+    algo, senv, env = one_client({"name": "gpfl"}, x, y, 3)  # body = flatten: f = x, K = 3
+    server = algo.server_init(senv)
+    t, w = hand_cov()
+    server["shared"].update({k: v.float() for k, v in t.items()})
+    state = algo.client_init(env)
+    weights = algo.personal_weights(env, algo.eval_view(senv, server, 0), state)
+    p = weights["cond.p"].double().numpy()
+    _, _, fp = np_cov(w, p, x.double().numpy())
+    W, b = (
+        state["head"]["head.weight"].double().numpy(),
+        state["head"]["head.bias"].double().numpy(),
+    )
+    logits = algo.scoring_model(env, weights)(x)
+    assert np.allclose(logits.detach().numpy(), fp @ W.T + b, atol=1e-5)
+
+
+def test_without_cov_and_gce_gpfl_is_fedper(tmp_path):
+    def run(algo):
+        cfg = validate(tiny_config(algorithm=algo, train={"rounds": 2}, threads=1))
+        return [r["pers_acc_mean"] for r in run_experiment(cfg, out=tmp_path / algo["name"]).rows]
+
+    assert run({"name": "gpfl", "use_cov": False, "use_gce": False}) == run({"name": "fedper"})
+
+
+def body_params(hidden=32, d=64):
+    return d * hidden + hidden
+
+
+@pytest.mark.parametrize(
+    "algo, shared",
+    [
+        ({"name": "gpfl"}, body_params() + 2 * (32 * 32 + 32) + 4 * 32 + 10 * 32),
+        ({"name": "gpfl", "use_cov": False}, body_params() + 10 * 32),
+        ({"name": "gpfl", "use_gce": False}, body_params() + 2 * (32 * 32 + 32) + 4 * 32),
+    ],
+)
+def test_only_shared_parts_go_over_the_wire(tmp_path, algo, shared):
+    cfg = validate(tiny_config(algorithm=algo, train={"rounds": 1}, threads=1))
+    row = run_experiment(cfg, out=tmp_path / "r").rows[0]
+    # digits: 64 features, 10 classes; mlp [32]; float32 = 4 bytes; + 8 for num_samples
+    assert set(row["bytes_down"]) == {4 * shared} and set(row["bytes_up"]) == {4 * shared + 8}
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"lam": -1}, "gpfl.lam"),
+        ({"mlg": "frobenius"}, "gpfl.mlg"),
+        ({"cond_source": "global"}, "gpfl.cond_source"),
+        ({"temperature": 1}, "has no parameter 'temperature'"),
+    ],
+)
+def test_bad_parameters_are_one_sentence(bad, match):
+    with pytest.raises(PflkitError, match=match):
+        parse_params({"name": "gpfl", **bad})
