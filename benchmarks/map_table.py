@@ -129,7 +129,7 @@ def _verdict(runs, algo: str, key: str, paper, i: int) -> tuple[str, str, str]:
     if not d:
         return "–", "–", f"{pd:+.1f}" if known else "–"
     m, sd = float(np.mean(d)), float(np.std(d))
-    cell = f"{m:+.1f} ± {sd:.1f} (n={len(d)})"
+    cell = f"{m:+.1f} ± {sd:.1f} (n={len(d)})" if len(d) > 1 else f"{m:+.1f} (n=1)"
     if len(d) < 2 or not known:
         return cell, "–", f"{pd:+.1f}" if known else "–"
     if np.sign(m) == np.sign(pd):
