@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -279,3 +280,31 @@ def test_on_nan_stop_or_skip_the_diverging_client(tiny, tmp_path, monkeypatch, w
     assert all(np.isfinite(r["pers_acc_mean"]) for r in res.rows)
     lines = (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()
     assert all("NaN" not in line and "Infinity" not in line for line in lines)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_sentence_and_leaves_no_temp_file(
+    tmp_path, monkeypatch
+):
+    import errno
+
+    from pflkit.engine import checkpoint
+
+    path = tmp_path / "checkpoints" / "latest.pt"
+    checkpoint.save_checkpoint(path, {"round": 1})
+
+    def full(obj, f):
+        Path(f).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(
+        PflkitError, match=r"No space left on device\); the previous checkpoint is kept"
+    ):
+        checkpoint.save_checkpoint(path, {"round": 2})
+    assert sorted(p.name for p in path.parent.iterdir()) == ["latest.pt"]
+    assert checkpoint.load_checkpoint(path) == {"round": 1}
+
+
+def test_a_model_too_large_to_allocate_is_one_sentence(tiny):
+    with pytest.raises(PflkitError, match="is too large to build here"):
+        Simulation(tiny(model={"name": "mlp", "options": {"hidden": [10**11]}}))

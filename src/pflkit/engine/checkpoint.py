@@ -15,8 +15,16 @@ from pflkit.errors import PflkitError
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # disk full, quota, read-only (torch wraps some)
+        tmp.unlink(missing_ok=True)
+        kept = "the previous checkpoint is kept" if path.exists() else "no checkpoint exists"
+        raise PflkitError(
+            f"cannot write the checkpoint '{path}' ({getattr(err, 'strerror', None) or err}); "
+            f"{kept}: free disk space and resume"
+        ) from None
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -232,7 +232,8 @@ def _run_locked(
         "seed": cfg.seed,
         "partition_id": sim.data.partition_id,
     } | summarize(rows, cfg.eval.last)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # summary.json marks a finished run (compare skips it): never half-written
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     from pflkit.report.plots import plot_run, setting_title
 
     plot_run(rows, run_dir / "curves.png", f"{cfg.algorithm['name']} | {setting_title(cfg)}")

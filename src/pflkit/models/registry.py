@@ -132,4 +132,12 @@ def build_model(
             raise PflkitError(f"model '{name}' has no option '{option}'; {fix}")
     check_shape(name, input_shape)
     check_num_classes(name, num_classes)
-    return MODELS[name].factory(tuple(input_shape), num_classes, **options)
+    try:
+        return MODELS[name].factory(tuple(input_shape), num_classes, **options)
+    except (MemoryError, OverflowError, RuntimeError) as err:  # e.g. hidden: [1000000000]
+        if isinstance(err, RuntimeError) and "alloc" not in str(err).lower():
+            raise
+        raise PflkitError(
+            f"model '{name}' with options {options} is too large to build here "
+            f"({type(err).__name__}): use smaller options"
+        ) from None
