@@ -151,9 +151,11 @@ def test_fedfomo_client_weights_from_validation_losses(tiny):
         return out
 
     sim.algo.client_update = spy
-    # client 0 forgets its round-1 training: the trained neighbours now have a lower
-    # validation loss than its own model, so some weights are positive
+    # client 0 goes back to the untrained model, and one neighbour holds client 0's trained
+    # model: that neighbour has a lower validation loss, so its weight is positive
+    trained = sim.clients[0]["weights"]
     sim.clients[0]["weights"] = sim.server["init"]
+    sim.server["models"] = {**sim.server["models"], 1: trained}
     sim.run_round(2)
     from pflkit.algorithms.fedfomo import val_split
 
