@@ -151,6 +151,11 @@ def test_fedfomo_client_weights_from_validation_losses(tiny):
         return out
 
     sim.algo.client_update = spy
+    # client 0 goes back to the untrained model, and one neighbour holds client 0's trained
+    # model: that neighbour has a lower validation loss, so its weight is positive
+    trained = sim.clients[0]["weights"]
+    sim.clients[0]["weights"] = sim.server["init"]
+    sim.server["models"] = {**sim.server["models"], 1: trained}
     sim.run_round(2)
     from pflkit.algorithms.fedfomo import val_split
 
@@ -171,7 +176,8 @@ def test_fedfomo_client_weights_from_validation_losses(tiny):
     for m in payload["models"]:
         d = math.sqrt(sum(float(((m[k].double() - own[k].double()) ** 2).sum()) for k in keys))
         raw.append(max((loss(own) - loss(m)) / d, 0.0))
-    want = np.array(raw) / sum(raw) if sum(raw) > 0 else np.zeros(2)
+    assert sum(raw) > 0
+    want = np.array(raw) / sum(raw)
     np.testing.assert_allclose(out.upload["w"].numpy(), want, rtol=1e-5, atol=1e-9)
     # the server adds the weights to the affinity row
     P = sim.server["P"]
