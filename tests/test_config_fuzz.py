@@ -65,7 +65,8 @@ def _set(raw: dict, key: str, value) -> dict:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(key=st.sampled_from(KEYS), value=VALUES)
-def test_any_value_for_any_key_is_accepted_or_one_sentence(key, value, tmp_path):
+def test_any_value_for_any_key_is_accepted_or_one_sentence(key, value, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a random relative data.root or output.dir lands here
     raw = _set(tiny_config(train={"rounds": 1}), key, value)
     raw["output"] = {**raw.get("output", {}), "dir": str(tmp_path / "runs"), "progress": False}
     try:

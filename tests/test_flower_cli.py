@@ -66,7 +66,10 @@ def test_split_clients_into_contiguous_ranges():
             "--nodes 9 must be between 1 and the config's 4 clients",
         ),
         (["local", "CFG", "--set", "algorithm.name=fedavgx"], "fedavgx"),
-        (["local", "CFG", "--round-timeout", "-1"], "--round-timeout -1.0 is not a number of seconds"),
+        (
+            ["local", "CFG", "--round-timeout", "-1"],
+            "--round-timeout -1.0 is not a number of seconds",
+        ),
         (["run", "CFG", "--insecure"], "--superlink '' is not host:port"),
         (["run", "CFG", "--superlink", "h:1"], "exactly one of --root-certificates"),
         (
