@@ -185,7 +185,7 @@ class ExperimentConfig(_Section):
     # modules that register user algorithms, models, datasets, partitioners (pflkit.plugins)
     plugins: list[str] = []
     seed: int = Field(0, ge=0, le=MAX_SEED)
-    device: str = "cpu"  # auto | cpu | cuda | cuda:N | mps (resolve_device)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (resolve_device)
     threads: int | None = Field(None, gt=0, le=MAX_THREADS)  # torch threads; None: torch's choice
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -296,54 +296,26 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
     return cfg
 
 
-# Accelerators are recognised and checked, but runs are refused on them until client data and
-# every algorithm's tensors are moved there and a GPU run has verified it (docs/guide.md).
-ACCELERATORS_SUPPORTED = False
-
-
 def resolve_device(name: str) -> str:
-    """The torch device ``name`` stands for: ``auto`` is the first of cuda, mps, cpu that is
-    available (cpu while accelerators are not supported); ``cpu``, ``cuda``, ``cuda:N`` and
-    ``mps`` are checked to exist here. A wrong or unavailable device is one sentence
-    (:class:`PflkitError`)."""
+    """The torch device ``name`` stands for: ``auto`` is ``cuda`` when a CUDA device is
+    available and ``cpu`` otherwise; ``cpu``, ``cuda`` and ``cuda:N`` are checked to exist
+    here. A wrong or unavailable device is one sentence (:class:`PflkitError`)."""
     import torch
 
-    cuda = torch.cuda.is_available()
-    mps = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if name == "auto":
-        if not ACCELERATORS_SUPPORTED:
-            return "cpu"
-        return "cuda" if cuda else "mps" if mps else "cpu"
+        return "cuda" if count else "cpu"
     if name == "cpu":
         return name
-    device = _check_accelerator(name, cuda, mps)
-    if not ACCELERATORS_SUPPORTED:
-        raise PflkitError(
-            f"device {name!r} exists, but pflkit runs on the CPU only so far (client data and "
-            "algorithm tensors are not moved to accelerators yet): use device: cpu"
-        )
-    return device
-
-
-def _check_accelerator(name: str, cuda: bool, mps: bool) -> str:
-    import torch
-
     m = re.fullmatch(r"cuda(?::(\d+))?", str(name))
-    if m:
-        count = torch.cuda.device_count() if cuda else 0
-        index = int(m.group(1) or 0)
-        if index >= count:
-            have = f"{count} CUDA device(s)" if count else "no CUDA device (or a CPU-only torch)"
-            raise PflkitError(
-                f"device {name!r} is not available: this machine has {have}; "
-                "use device: auto or cpu"
-            )
-        return name
-    if name == "mps":
-        if not mps:
-            raise PflkitError("device 'mps' is not available here: use device: auto or cpu")
-        return name
-    raise PflkitError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps")
+    if not m:
+        raise PflkitError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N")
+    if int(m.group(1) or 0) >= count:
+        have = f"{count} CUDA device(s)" if count else "no CUDA device (or a CPU-only torch)"
+        raise PflkitError(
+            f"device {name!r} is not available: this machine has {have}; use device: auto or cpu"
+        )
+    return name
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

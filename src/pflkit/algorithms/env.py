@@ -60,7 +60,9 @@ class ModelPool:
     def new_model(self, arch: str) -> PFLModel:
         """A freshly initialised model (draws from torch's global RNG, seeded by the engine)."""
         name, options = self.specs[arch]
-        return build_model(name, self.input_shape, self.num_classes, **options).to(self.device)
+        with torch.device("cpu"):  # initialised on the CPU: a seed gives the same start anywhere
+            model = build_model(name, self.input_shape, self.num_classes, **options)
+        return model.to(self.device)
 
     def init_weights(self, arch: str) -> Weights:
         return get_weights(self.new_model(arch))
@@ -98,6 +100,11 @@ class ClientEnv:
     @property
     def num_train(self) -> int:
         return len(self.data.train_y)
+
+    @property
+    def device(self) -> torch.device:
+        """The run's device: where this client's data and models are."""
+        return self.models.device
 
     def model(self, slot: int | str = 0) -> PFLModel:
         return self.models.model(self.arch, slot)
@@ -137,6 +144,11 @@ class ServerEnv:
     run: RunFacts
     public_x: Tensor | None = None
 
+    @property
+    def device(self) -> torch.device:
+        """The run's device: where the models and the public set are."""
+        return self.models.device
+
     def arch(self, cid: int | None = None) -> str:
         return self.global_arch if cid is None else self.archs[cid]
 
@@ -167,12 +179,13 @@ def arch_specs(m: ModelConfig) -> tuple[dict[str, tuple[str, dict[str, Any]]], s
 
 
 def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv, list[ClientEnv]]:
-    """The server environment and every client's environment of a run. Every architecture is
-    built once here, so a bad model name or option fails before anything runs."""
+    """The server environment and every client's environment of a run, with the data on the
+    run's device. Every architecture is built once here, so a bad model name or option fails
+    before anything runs."""
     specs, global_arch, order = arch_specs(cfg.model)
-    pool = ModelPool(
-        specs, data.input_shape, data.num_classes, torch.device(resolve_device(cfg.device))
-    )
+    device = torch.device(resolve_device(cfg.device))
+    data = data.to(device)
+    pool = ModelPool(specs, data.input_shape, data.num_classes, device)
     for arch in specs:
         pool.model(arch)
     n = data.num_clients

@@ -80,8 +80,9 @@ def feature_stats(model: nn.Module, x: Tensor, batch_size: int = 1000) -> Stats:
     means, variances = [], []
     for s1, s2, n in acc:
         mean = s1 / max(n, 1)
-        means.append(torch.as_tensor(mean, dtype=torch.float64))
-        variances.append(torch.as_tensor(s2 / max(n, 1) - mean * mean).clamp(min=0.0))
+        means.append(torch.as_tensor(mean, dtype=torch.float64, device=x.device))
+        var = torch.as_tensor(s2 / max(n, 1) - mean * mean, dtype=torch.float64, device=x.device)
+        variances.append(var.clamp(min=0.0))
     return {"mean": means, "var": variances}
 
 

@@ -51,6 +51,7 @@ def fomo_weights(own_loss: float, losses: Sequence[float], dists: Sequence[float
     raw = torch.tensor(
         [(own_loss - l) / d if d > 0 else 0.0 for l, d in zip(losses, dists, strict=True)],
         dtype=torch.float64,
+        device="cpu",
     )
     raw = raw.clamp(min=0.0)
     total = raw.sum()
@@ -86,7 +87,7 @@ def val_split(env: ClientEnv, fraction: float) -> tuple[ClientData, torch.Tensor
     g = torch.Generator().manual_seed(
         int(np.random.SeedSequence([env.run.seed, env.cid, 0xF0]).generate_state(1)[0])
     )
-    perm = torch.randperm(n, generator=g)
+    perm = torch.randperm(n, generator=g, device="cpu").to(env.device)
     val, tr = perm[:n_val], perm[n_val:]
     train = ClientData(d.train_x[tr], d.train_y[tr], d.test_x, d.test_y)
     return train, d.train_x[val], d.train_y[val]
@@ -113,7 +114,7 @@ class FedFomo(Algorithm):
         return {
             "init": env.init_weights(),
             "models": {},
-            "P": torch.zeros(n, n, dtype=torch.float64),
+            "P": torch.zeros(n, n, dtype=torch.float64, device=env.device),
         }
 
     def neighbours(self, env: ServerEnv, server: State, cid: int, rnd: int) -> list[int]:
@@ -125,14 +126,14 @@ class FedFomo(Algorithm):
         eps = max(p.epsilon - p.epsilon_decay * (rnd - 1), 0.0)
         if rng.random() < eps:
             return sorted(int(j) for j in rng.choice(avail, p.m, replace=False))
-        aff = server["P"][cid, avail].numpy()
+        aff = server["P"][cid, avail].cpu().numpy()
         order = np.argsort(-aff, kind="stable")[: p.m]
         return sorted(avail[i] for i in order)
 
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         ids = self.neighbours(env, server, cid, rnd)
         payload: Payload = {
-            "ids": torch.tensor(ids, dtype=torch.int64),
+            "ids": torch.tensor(ids, dtype=torch.int64, device=env.device),
             "models": [server["models"][j] for j in ids],
         }
         if cid not in server["models"]:
@@ -145,13 +146,13 @@ class FedFomo(Algorithm):
         model = env.model("fomo_eval")
         keys = [k for k, _ in model.named_parameters()]
         models = payload["models"]
-        w = torch.zeros(len(models), dtype=torch.float64)
+        w = torch.zeros(len(models), dtype=torch.float64, device=env.device)
         start = own
         if models:
             own_loss = val_loss(model, own, vx, vy)
             losses = [val_loss(model, m, vx, vy) for m in models]
             dists = [param_distance(m, own, keys) for m in models]
-            w = fomo_weights(own_loss, losses, dists)
+            w = fomo_weights(own_loss, losses, dists).to(env.device)
             start = fomo_combine(own, models, w)
         weights, loss = train_from(dataclasses.replace(env, data=train), start)
         upload = {"weights": weights, "ids": payload["ids"], "w": w}

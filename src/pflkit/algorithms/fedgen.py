@@ -73,6 +73,17 @@ class Generator(nn.Module):
         return self.out(F.relu(self.bn(self.fc(h))))
 
 
+def noise(n: int, dim: int, like: Tensor) -> Tensor:
+    """``[n, dim]`` standard normal noise from the CPU RNG (a seed draws the same noise on every
+    device), on ``like``'s device."""
+    return torch.randn(n, dim, device="cpu").to(like.device)
+
+
+def draw(high: int, n: int, like: Tensor) -> Tensor:
+    """``n`` uniform indices in ``[0, high)`` from the CPU RNG, on ``like``'s device."""
+    return torch.randint(high, (n,), device="cpu").to(like.device)
+
+
 def diversity_loss(z: Tensor, feat: Tensor) -> Tensor:
     """FedGen code's DiversityLoss: exp(-mean(noise_dist * feature_dist)), noise distance the
     mean squared difference and feature distance the mean absolute difference per pair."""
@@ -107,21 +118,21 @@ class FedGen(Algorithm):
     def generator(self, env: ServerEnv | ClientEnv, weights: Mapping | None = None) -> Generator:
         p = self.params
         latent = env.model().feature_dim
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
             gen = Generator(p.noise_dim, env.num_classes, p.hidden, latent)
         if weights is not None:
             gen.load_state_dict(weights)
-        return gen
+        return gen.to(env.device)
 
     def server_init(self, env: ServerEnv) -> State:
-        gen = Generator(
-            self.params.noise_dim, env.num_classes, self.params.hidden, env.model().feature_dim
-        )
+        p = self.params
+        with torch.device("cpu"):
+            gen = Generator(p.noise_dim, env.num_classes, p.hidden, env.model().feature_dim)
         return {
             "weights": env.init_weights(),
-            "gen": get_weights(gen),
+            "gen": get_weights(gen.to(env.device)),
             "trained": False,
-            "labels": torch.zeros(0, dtype=torch.int64),
+            "labels": torch.zeros(0, dtype=torch.int64, device=env.device),
         }
 
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
@@ -140,9 +151,9 @@ class FedGen(Algorithm):
             logits = model(x)
             loss = F.cross_entropy(logits, y)
             with torch.no_grad():
-                target = F.softmax(model.head(gen(torch.randn(len(y), p.noise_dim), y)), 1)
-                y_gen = labels[torch.randint(len(labels), (p.gen_batch,))]
-                feat = gen(torch.randn(p.gen_batch, p.noise_dim), y_gen)
+                target = F.softmax(model.head(gen(noise(len(y), p.noise_dim, y), y)), 1)
+                y_gen = labels[draw(len(labels), p.gen_batch, labels)]
+                feat = gen(noise(p.gen_batch, p.noise_dim, y), y_gen)
             latent = F.kl_div(F.log_softmax(logits, 1), target, reduction="batchmean")
             teacher = F.cross_entropy(model.head(feat), y_gen)
             return loss + a_t * teacher + b_t * latent
@@ -164,15 +175,15 @@ class FedGen(Algorithm):
             opt.load_state_dict(server["gen_opt"])
         ups = list(uploads.values())
         counts = torch.stack([u["label_counts"] for u in ups])  # [K, C]
-        seen = torch.stack([counts.sum(0), torch.zeros(env.num_classes, dtype=torch.float64)])
+        seen = torch.stack([counts.sum(0), torch.zeros_like(counts[0])])
         if server["labels"].numel():
             seen[1, server["labels"]] = 1.0
         labels = torch.nonzero(seen.sum(0) > 0).flatten()
         share = counts / counts.sum(0).clamp(min=1e-12)  # alpha_{k,y}
         model = env.model()
         for _ in range(p.gen_iters):
-            y = labels[torch.randint(len(labels), (p.gen_batch,))]
-            z = torch.randn(p.gen_batch, p.noise_dim)
+            y = labels[draw(len(labels), p.gen_batch, labels)]
+            z = noise(p.gen_batch, p.noise_dim, labels)
             feat = gen(z, y)
             logits = sum(
                 share[k, y].float()[:, None] * head_logits(model, u["weights"], feat)

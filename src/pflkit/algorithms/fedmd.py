@@ -29,4 +29,4 @@ class FedMD(SoftTeacherKD):
 
     def mixing_weights(self, server: State) -> torch.Tensor:
         a = len(server["active"])
-        return torch.full((a, a), 1.0 / a, dtype=torch.float64)
+        return torch.full((a, a), 1.0 / a, dtype=torch.float64, device=server["soft"].device)

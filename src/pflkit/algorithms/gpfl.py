@@ -84,17 +84,18 @@ COV_PARTS = ("linear.weight", "linear.bias", "ln.weight", "ln.bias")
 # -- the math (module functions: tested by value against hand computations) ----------------------
 
 
-def init_cov(k: int, gen: torch.Generator) -> Weights:
+def init_cov(k: int, gen: torch.Generator, device=None) -> Weights:
     """Two Linear(K, K) -> ReLU -> LayerNorm(K) stacks with PyTorch's default init (Linear:
-    U(-1/sqrt(K), 1/sqrt(K)) for weight and bias; LayerNorm: weight 1, bias 0)."""
+    U(-1/sqrt(K), 1/sqrt(K)) for weight and bias; LayerNorm: weight 1, bias 0), drawn from the
+    CPU generator ``gen`` and put on ``device``."""
     bound = 1 / math.sqrt(k)
     out: Weights = {}
     for r in ROUTES:
-        out[f"cov.{r}.linear.weight"] = (torch.rand(k, k, generator=gen) * 2 - 1) * bound
-        out[f"cov.{r}.linear.bias"] = (torch.rand(k, generator=gen) * 2 - 1) * bound
-        out[f"cov.{r}.ln.weight"] = torch.ones(k)
-        out[f"cov.{r}.ln.bias"] = torch.zeros(k)
-    return out
+        out[f"cov.{r}.linear.weight"] = (torch.rand(k, k, generator=gen, device="cpu") * 2 - 1) * bound
+        out[f"cov.{r}.linear.bias"] = (torch.rand(k, generator=gen, device="cpu") * 2 - 1) * bound
+        out[f"cov.{r}.ln.weight"] = torch.ones(k, device="cpu")
+        out[f"cov.{r}.ln.bias"] = torch.zeros(k, device="cpu")
+    return {name: t.to(device) for name, t in out.items()}
 
 
 def cov_params(cov: Weights, z: Tensor) -> tuple[Tensor, Tensor]:
@@ -198,9 +199,9 @@ class GPFL(Algorithm):
         gen = torch.Generator().manual_seed(common_seed(env.run.seed, 1))
         k, u = model.feature_dim, env.num_classes
         if self.params.use_cov:
-            shared.update(init_cov(k, gen))
-        if self.params.use_gce:
-            shared[TABLE] = torch.randn(u, k, generator=gen)  # nn.Embedding's N(0, 1)
+            shared.update(init_cov(k, gen, env.device))
+        if self.params.use_gce:  # nn.Embedding's N(0, 1)
+            shared[TABLE] = torch.randn(u, k, generator=gen, device="cpu").to(env.device)
         return {"shared": shared}
 
     def client_init(self, env: ClientEnv) -> State:
@@ -221,7 +222,8 @@ class GPFL(Algorithm):
     def _constants(self, env: ClientEnv, k: int) -> tuple[Tensor, Tensor]:
         """(b, a): the constant inputs replacing (g, p) without PCI or without GCE."""
         gen = torch.Generator().manual_seed(common_seed(env.run.seed, 2))
-        return torch.randn(k, generator=gen), torch.randn(k, generator=gen)
+        b, a = torch.randn(2, k, generator=gen, device="cpu").to(env.device)
+        return b, a
 
     def _inputs(self, env: ClientEnv, shared: Weights, state: State, k: int):
         """(g, p) for this round (training) or for scoring with ``shared``."""
@@ -233,7 +235,7 @@ class GPFL(Algorithm):
         elif "table" in state:
             table = state["table"]
         else:  # the code's zero vectors before a client's first own table
-            return torch.zeros(k), torch.zeros(k)
+            return torch.zeros(k, device=env.device), torch.zeros(k, device=env.device)
         return cond_inputs(table, state["alpha"], p.pci_form)
 
     # -- local training ----------------------------------------------------------------------

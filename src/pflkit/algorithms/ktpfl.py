@@ -135,7 +135,7 @@ def coef_step_official(c: Tensor, soft: Tensor, *, rho: float) -> Tensor:
     x = c.detach().double().clone()
     n = x.shape[0]
     s = soft.double()
-    uniform = torch.full((n,), 1.0 / n, dtype=torch.float64)
+    uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=c.device)
     for j in range(n):
         col = x[:, j].clone().requires_grad_(True)
         teacher = torch.einsum("m,mbk->bk", col, s)
@@ -274,7 +274,7 @@ class KTpFLHomo(Algorithm):
     def server_init(self, env: ServerEnv) -> State:
         n = env.num_clients
         return {
-            "c": torch.full((n, n), 1.0 / n, dtype=torch.float64),
+            "c": torch.full((n, n), 1.0 / n, dtype=torch.float64, device=env.device),
             "weights": env.init_weights(env.arch(0)),
             "personal": {},
         }
@@ -301,14 +301,14 @@ class KTpFLHomo(Algorithm):
 
     def aggregate(self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd, phase):
         active_list = sorted(uploads)
-        active = torch.tensor(active_list)
+        active = torch.tensor(active_list, device=env.device)
         models = [uploads[c]["weights"] for c in active_list]
         mixing = restrict(server["c"], active)
         personal = dict(server["personal"])
         for j, cid in enumerate(active_list):
             personal[cid] = mix_weights(mixing[:, j], models, uploads[cid]["weights"])
         soft = torch.stack([uploads[c]["soft"] for c in active_list])
-        num = torch.tensor([float(uploads[c]["num_samples"]) for c in active_list])
+        num = torch.tensor([float(uploads[c]["num_samples"]) for c in active_list], device=env.device)
         c = update_coefficients(server["c"], active, soft, num, self.params)
         return {**server, "c": c, "personal": personal}
 

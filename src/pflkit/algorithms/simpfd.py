@@ -43,9 +43,9 @@ def topk_weights(soft: torch.Tensor, k: int) -> torch.Tensor:
     cos = cosine_matrix(soft)
     a = cos.shape[0]
     k = min(k, a)
-    cos = cos + torch.eye(a, dtype=cos.dtype)  # the student itself first, even on ties
+    cos = cos + torch.eye(a, dtype=cos.dtype, device=cos.device)  # the student first, even on ties
     top = cos.topk(k, dim=0).indices
-    w = torch.zeros(a, a, dtype=torch.float64)
+    w = torch.zeros(a, a, dtype=torch.float64, device=cos.device)
     w.scatter_(0, top, 1.0 / k)
     return w
 

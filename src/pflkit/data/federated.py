@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,10 +61,20 @@ class FederatedDataset:
     def num_clients(self) -> int:
         return len(self.clients)
 
+    def to(self, device: str | torch.device) -> FederatedDataset:
+        """The same dataset with every tensor on ``device`` (itself when they already are):
+        the engine moves the data once, before the first round."""
+        if self.test_x.device == torch.device(device):
+            return self
+        clients = [ClientData(*(t.to(device) for t in astuple(c))) for c in self.clients]
+        public = None if self.public_x is None else self.public_x.to(device)
+        moved = {"test_x": self.test_x.to(device), "test_y": self.test_y.to(device)}
+        return replace(self, clients=clients, public_x=public, **moved)
+
     def class_table(self, split: str = "train") -> np.ndarray:
         """[num_clients, num_classes] sample counts of the local train (or test) splits."""
         ys = [c.train_y if split == "train" else c.test_y for c in self.clients]
-        return class_table(torch.cat(ys).numpy(), _offsets_to_parts(ys), self.num_classes)
+        return class_table(torch.cat(ys).cpu().numpy(), _offsets_to_parts(ys), self.num_classes)
 
 
 def _offsets_to_parts(ys: list[Tensor]) -> list[np.ndarray]:

@@ -27,9 +27,10 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
         ) from None
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """The state :func:`save_checkpoint` wrote, its tensors on ``device``."""
     try:
-        return torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True, map_location=device)
     except FileNotFoundError:
         raise PflkitError(f"no checkpoint at '{path}': nothing to resume") from None
     except Exception as err:  # a torn or foreign file

@@ -30,7 +30,7 @@ import torch
 
 from pflkit.algorithms import build_algorithm, make_envs
 from pflkit.algorithms.base import State, Upload, nbytes, parse_params
-from pflkit.config import ExperimentConfig
+from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import ClientRunner, init_client, make_runner, seed_torch
@@ -67,7 +67,8 @@ class Simulation:
             torch.set_num_threads(cfg.threads)
         parse_params(cfg.algorithm)  # fail on bad parameters before the (slow) data load
         self.runner = runner if runner is not None else make_runner(cfg)
-        self.data = data if data is not None else build_federated(cfg.data)
+        data = data if data is not None else build_federated(cfg.data)
+        self.data = data.to(resolve_device(cfg.device))  # once, for the whole run
         self.senv, self.envs = make_envs(cfg, self.data)
         self.algo = build_algorithm(cfg.algorithm)
         self.algo.check(self.senv)
@@ -106,7 +107,7 @@ class Simulation:
         """Continue from a checkpoint; one written for another configuration (another
         fingerprint) is refused. Checkpoints from before fingerprints were stored load as
         they are."""
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, self.senv.device)
         theirs = ckpt.get("fingerprint")
         if fingerprint and theirs and theirs != fingerprint:
             raise PflkitError(

@@ -82,7 +82,7 @@ class Worker:
     def state(self, records: RecordDict, cid: int):
         """Client ``cid``'s state on this node (``client_init`` on first use, seeded as in
         the embedded engine)."""
-        state = codec.get(records, f"state.{cid}")
+        state = codec.get(records, f"state.{cid}", device=self.envs[cid].device)
         if state is None:
             state = init_client(self.algo, self.envs[cid], self.cfg.seed)
             codec.put(records, f"state.{cid}", state)
@@ -112,7 +112,7 @@ def train(msg: Message, context: Context) -> Message:
     info, w = _open(msg)
     cid, rnd, p = int(info["cid"]), int(info["round"]), int(info["phase_index"])
     state = w.state(context.state, cid)
-    payload = codec.get(msg.content, "payload")
+    payload = codec.get(msg.content, "payload", device=w.envs[cid].device)
     phase = str(info["phase"])
     update = train_client(w.algo, w.envs[cid], w.cfg.seed, rnd, p, phase, payload, state)
     if update is None:  # train.on_nan: skip_client; the server records a failed client
@@ -130,9 +130,10 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     info, w = _open(msg)
     cid, rnd = int(info["cid"]), int(info["round"])
-    view = codec.get(msg.content, "view")
+    view = codec.get(msg.content, "view", device=w.envs[cid].device)
     state = w.state(context.state, cid)
-    upload = codec.get(context.state, f"upload.{cid}") if info["mode"] == "selected" else None
+    selected = info["mode"] == "selected"
+    upload = codec.get(context.state, f"upload.{cid}", device=w.envs[cid].device) if selected else None
     acc = evaluate_client(
         w.algo, w.envs[cid], w.cfg.seed, rnd, view, state, w.cfg.eval.batch_size, upload
     )

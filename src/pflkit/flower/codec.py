@@ -53,8 +53,8 @@ def encode(obj: Any) -> tuple[str, dict[str, np.ndarray]]:
     return json.dumps(enc(obj, "value")), arrays
 
 
-def decode(schema: str, arrays: dict[str, np.ndarray]) -> Any:
-    """The inverse of :func:`encode`."""
+def decode(schema: str, arrays: dict[str, np.ndarray], device: Any = None) -> Any:
+    """The inverse of :func:`encode`, with tensors on ``device`` (default: the CPU)."""
 
     def dec(o: Any) -> Any:
         if not isinstance(o, dict):
@@ -64,7 +64,7 @@ def decode(schema: str, arrays: dict[str, np.ndarray]) -> Any:
             key, shape = v
             array = np.array(arrays[key], copy=True).reshape(shape)
             if tag == "$t":
-                return torch.from_numpy(array)
+                return torch.from_numpy(array).to(device)
             return array if tag == "$n" else array[()]
         if tag == "$d":
             return {k: dec(x) for k, x in v}
@@ -93,10 +93,11 @@ def put_all(records: Any, values: dict[str, Any]) -> Any:
     return records
 
 
-def get(records: Any, name: str, default: Any = None) -> Any:
-    """The value :func:`put` stored under ``name`` (``default`` when there is none)."""
+def get(records: Any, name: str, default: Any = None, device: Any = None) -> Any:
+    """The value :func:`put` stored under ``name`` (``default`` when there is none), its
+    tensors on ``device`` (default: the CPU)."""
     key = f"{name}.{SCHEMA}"
     if key not in records:
         return default
     arrays = {k: a.numpy() for k, a in records[f"{name}.arrays"].items()}
-    return decode(str(records[key][SCHEMA]), arrays)
+    return decode(str(records[key][SCHEMA]), arrays, device)

@@ -160,7 +160,8 @@ class FlowerRunner(ClientRunner):
         )
         out = {}
         for cid, content in replies.items():
-            out[cid] = (codec.get(content, "upload"), codec.get(content, "metrics"))
+            upload = codec.get(content, "upload", device=self.sim.senv.device)
+            out[cid] = (upload, codec.get(content, "metrics"))
             self.state_rounds[cid] = codec.get(content, "state_rounds")
         return out
 

@@ -133,7 +133,7 @@ def project_simplex(v: Tensor) -> Tensor:
     n = v.shape[0]
     u, _ = torch.sort(v, dim=0, descending=True)
     css = u.cumsum(0) - 1.0
-    k = torch.arange(1, n + 1, dtype=v.dtype).view(-1, *([1] * (v.dim() - 1)))
+    k = torch.arange(1, n + 1, dtype=v.dtype, device=v.device).view(-1, *([1] * (v.dim() - 1)))
     cond = (u - css / k) > 0
     rho = cond.to(v.dtype).cumsum(0).argmax(0, keepdim=True)  # last index where cond holds
     theta = css.gather(0, rho) / (rho + 1).to(v.dtype)
@@ -147,11 +147,11 @@ def cosine_matrix(soft: Tensor) -> Tensor:
     return flat @ flat.T
 
 
-def round_indices(seed: int, rnd: int, pool: int, size: int) -> Tensor:
+def round_indices(seed: int, rnd: int, pool: int, size: int, device=None) -> Tensor:
     """The public subset of round ``rnd``: ``size`` of ``pool`` indices without replacement,
     a pure function of (seed, round), so every algorithm sees the same subsets."""
     rng = np.random.default_rng([seed, rnd, 0x9B])
-    return torch.from_numpy(np.sort(rng.choice(pool, size, replace=False)))
+    return torch.from_numpy(np.sort(rng.choice(pool, size, replace=False))).to(device)
 
 
 class DistillParams(BaseModel):
@@ -196,7 +196,7 @@ class SoftTeacherKD(Algorithm):
     # -- state -------------------------------------------------------------------------------------
     def server_init(self, env: ServerEnv) -> State:
         n = env.num_clients
-        return {"c": torch.full((n, n), 1.0 / n, dtype=torch.float64)}
+        return {"c": torch.full((n, n), 1.0 / n, dtype=torch.float64, device=env.device)}
 
     def client_init(self, env: ClientEnv) -> State:
         return {"weights": env.init_weights()}
@@ -248,9 +248,11 @@ class SoftTeacherKD(Algorithm):
         active = sorted(uploads)
         if phase == "share":
             server["soft"] = torch.stack([uploads[c]["soft"] for c in active])
-            server["active"] = torch.tensor(active)
+            server["active"] = torch.tensor(active, device=env.device)
             server["num_samples"] = torch.tensor(
-                [float(uploads[c]["num_samples"]) for c in active], dtype=torch.float64
+                [float(uploads[c]["num_samples"]) for c in active],
+                dtype=torch.float64,
+                device=env.device,
             )
             server = self.before_mix(server, rnd)
             weights = self.mixing_weights(server)  # [A, A], columns on the simplex
@@ -292,7 +294,7 @@ def public_indices(env: ServerEnv, rnd: int, per_round: int | None) -> Tensor | 
     """The public subset of round ``rnd`` (None: the whole public set)."""
     if per_round is None:
         return None
-    return round_indices(env.run.seed, rnd, len(env.public_x), per_round)
+    return round_indices(env.run.seed, rnd, len(env.public_x), per_round, env.device)
 
 
 def public_subset(env: ClientEnv, idx: Tensor | None) -> Tensor:

@@ -79,10 +79,11 @@ def local_sgd(
     n = len(y)
     if steps is None:
         steps = epochs * steps_per_epoch(n, batch_size)
-    total = torch.zeros(())
+    total = torch.zeros((), device=x.device)
     done = 0
     while done < steps:
-        perm = torch.randperm(n)
+        # drawn on the CPU whatever the device, so a seed gives the same batches everywhere
+        perm = torch.randperm(n, device="cpu").to(x.device)
         for i in range(0, n, batch_size):
             if done == steps:
                 break
