@@ -34,7 +34,9 @@ class DefaultDeviceElsewhere(TorchFunctionMode):
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if any(t.is_meta for t in tensors) and any(not t.is_meta and t.dim() for t in tensors):
             # indexing a CPU tensor with a meta index does not fail by itself: make every mix fail
-            raise RuntimeError(f"{func.__name__}: a tensor created without a device meets the run's")
+            raise RuntimeError(
+                f"{func.__name__}: a tensor created without a device meets the run's"
+            )
         if func in FACTORIES and kwargs.get("device") is None and _from_pflkit_code():
             kwargs["device"] = "meta"
         out = func(*args, **kwargs)

@@ -89,13 +89,17 @@ def init_cov(k: int, gen: torch.Generator, device=None) -> Weights:
     U(-1/sqrt(K), 1/sqrt(K)) for weight and bias; LayerNorm: weight 1, bias 0), drawn from the
     CPU generator ``gen`` and put on ``device``."""
     bound = 1 / math.sqrt(k)
+
+    def uniform(*shape: int) -> Tensor:
+        return ((torch.rand(*shape, generator=gen, device="cpu") * 2 - 1) * bound).to(device)
+
     out: Weights = {}
     for r in ROUTES:
-        out[f"cov.{r}.linear.weight"] = (torch.rand(k, k, generator=gen, device="cpu") * 2 - 1) * bound
-        out[f"cov.{r}.linear.bias"] = (torch.rand(k, generator=gen, device="cpu") * 2 - 1) * bound
-        out[f"cov.{r}.ln.weight"] = torch.ones(k, device="cpu")
-        out[f"cov.{r}.ln.bias"] = torch.zeros(k, device="cpu")
-    return {name: t.to(device) for name, t in out.items()}
+        out[f"cov.{r}.linear.weight"] = uniform(k, k)
+        out[f"cov.{r}.linear.bias"] = uniform(k)
+        out[f"cov.{r}.ln.weight"] = torch.ones(k, device=device)
+        out[f"cov.{r}.ln.bias"] = torch.zeros(k, device=device)
+    return out
 
 
 def cov_params(cov: Weights, z: Tensor) -> tuple[Tensor, Tensor]:

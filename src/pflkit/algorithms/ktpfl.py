@@ -308,7 +308,9 @@ class KTpFLHomo(Algorithm):
         for j, cid in enumerate(active_list):
             personal[cid] = mix_weights(mixing[:, j], models, uploads[cid]["weights"])
         soft = torch.stack([uploads[c]["soft"] for c in active_list])
-        num = torch.tensor([float(uploads[c]["num_samples"]) for c in active_list], device=env.device)
+        num = torch.tensor(
+            [float(uploads[c]["num_samples"]) for c in active_list], device=env.device
+        )
         c = update_coefficients(server["c"], active, soft, num, self.params)
         return {**server, "c": c, "personal": personal}
 

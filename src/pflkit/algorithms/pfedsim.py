@@ -181,7 +181,9 @@ class PFedSim(Algorithm):
         n = env.num_clients
         return {
             "weights": self.shared(env.model(), env.init_weights()),
-            "phi": torch.zeros(n, n, dtype=torch.float64, device=env.device),  # off-diagonal Phi; I_n implied
+            "phi": torch.zeros(
+                n, n, dtype=torch.float64, device=env.device
+            ),  # off-diagonal Phi; I_n implied
             "personal": {},  # cid -> the client's last uploaded model (personalization phase)
             "round": 0,
         }

@@ -133,7 +133,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     view = codec.get(msg.content, "view", device=w.envs[cid].device)
     state = w.state(context.state, cid)
     selected = info["mode"] == "selected"
-    upload = codec.get(context.state, f"upload.{cid}", device=w.envs[cid].device) if selected else None
+    upload = (
+        codec.get(context.state, f"upload.{cid}", device=w.envs[cid].device) if selected else None
+    )
     acc = evaluate_client(
         w.algo, w.envs[cid], w.cfg.seed, rnd, view, state, w.cfg.eval.batch_size, upload
     )
