@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import shutil
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from pflkit.algorithms.base import resolve_params
 from pflkit.config import ExperimentConfig, validate
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.folder import make_folder, write_atomic
-from pflkit.engine.runner import CHECKPOINT, RunResult, run_experiment
+from pflkit.engine.runner import RunResult, run_experiment
 from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.report.summary import read_metrics
 
@@ -105,13 +104,12 @@ def _claim(out: Path, cfg: ExperimentConfig) -> None:
 def _run_one(
     cfg: ExperimentConfig, folder: Path, data: FederatedDataset | None, progress: bool | None
 ) -> None:
-    """Run ``cfg`` into ``folder``: resume it from its checkpoint, or start it afresh."""
-    if (folder / CHECKPOINT).exists():
+    """Run ``cfg`` into ``folder``, or continue the run there (from its checkpoint, or from
+    round 1 when it stopped before the first one)."""
+    if (folder / "config.yaml").exists():
         run_experiment(resume=folder, data=data, progress=progress)
-        return
-    if folder.exists():
-        shutil.rmtree(folder)  # interrupted before its first checkpoint
-    run_experiment(cfg, out=folder, data=data, progress=progress)
+    else:
+        run_experiment(cfg, out=folder, data=data, progress=progress)
 
 
 def _job(cfg_json: dict[str, Any], folder: str) -> str:

@@ -30,6 +30,7 @@ from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, resolve_
 from pflkit.data.federated import FederatedDataset
 from pflkit.engine.clients import ClientRunner
 from pflkit.engine.folder import (
+    LOCK,
     RESUMABLE,
     FolderLock,
     fingerprint,
@@ -71,12 +72,18 @@ def new_run_dir(cfg: ExperimentConfig, out: str | Path | None) -> Path:
         ) from None
     if exists and not is_dir:
         raise PflkitError(f"'{run_dir}' is a file, not a folder: choose another --out")
-    if exists and any(run_dir.iterdir()):
+    if exists and not _nothing_written(run_dir):
         raise PflkitError(
             f"run folder '{run_dir}' already exists and is not empty: choose another --out, "
             f"or continue it with --resume {run_dir}"
         )
     return run_dir
+
+
+def _nothing_written(run_dir: Path) -> bool:
+    """The folder holds at most a lock and temporary files: what a run killed before it wrote
+    its config leaves (a new run may use the folder)."""
+    return all(p.name == LOCK or p.name.endswith(".tmp") for p in run_dir.iterdir())
 
 
 def resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
@@ -86,6 +93,11 @@ def resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
                 f"--set {item} cannot change a run being resumed; only "
                 f"{', '.join(RESUMABLE)}* may change: start a new run instead"
             )
+    if run_dir.is_dir() and _nothing_written(run_dir):
+        raise PflkitError(
+            f"the run in '{run_dir}' stopped before it wrote its config: nothing to resume; "
+            f"start it again with --out {run_dir}"
+        )
     if not (run_dir / "config.yaml").exists():
         raise PflkitError(
             f"'{run_dir}' is not a pflkit run folder (no config.yaml): check the path"
@@ -189,12 +201,18 @@ def _run_locked(
     metrics_path = run_dir / "metrics.jsonl"
     fp = fingerprint(cfg, sim.data.partition_id)
     rows: list[dict[str, Any]] = []
-    if resume:
+    write_atomic(run_dir / "config.yaml", cfg.to_yaml())  # first: it makes the folder resumable
+    if resume and (run_dir / CHECKPOINT).exists():
         sim.restore(run_dir / CHECKPOINT, fp)
         rows = keep_rows(metrics_path, sim.round)
     else:
+        if resume:
+            print(
+                f"pflkit: '{run_dir}' has no checkpoint (the run stopped before its first one): "
+                "running it again from round 1",
+                file=sys.stderr,
+            )
         metrics_path.write_text("")
-    write_atomic(run_dir / "config.yaml", cfg.to_yaml())
     record_provenance(run_dir, resolve_device(cfg.device))
 
     show = cfg.output.progress if progress is None else progress

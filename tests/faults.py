@@ -1,0 +1,119 @@
+"""A pflkit plugin that kills its own process (``os._exit``, as abrupt as SIGKILL: no cleanup,
+no ``finally``) at one chosen point, for tests/test_faults.py. ``PFLKIT_FAULT=POINT:N`` picks
+the N-th time the process reaches POINT:
+
+- ``round``: the start of round N;
+- ``metrics``: in the middle of the N-th line written to metrics.jsonl (half of it written);
+- ``ckpt``: in the middle of writing the N-th checkpoint's temporary file;
+- ``ckpt_replace``: after the N-th checkpoint's temporary file is complete, before it
+  replaces ``latest.pt``;
+- ``config`` / ``summary``: in the middle of writing config.yaml / summary.json's temporary file;
+- ``truncate``: before a resume cuts metrics.jsonl after the checkpoint's rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import torch
+
+from pflkit.engine import runner
+from pflkit.engine.simulation import Simulation
+
+POINT, _, NTH = os.environ.get("PFLKIT_FAULT", "none:0").partition(":")
+seen: dict[str, int] = {}
+
+
+def hit(point: str) -> bool:
+    seen[point] = seen.get(point, 0) + 1
+    return point == POINT and seen[point] == int(NTH)
+
+
+def die() -> None:
+    os._exit(137)
+
+
+real_round = Simulation.run_round
+
+
+def run_round(self, rnd):
+    if hit("round") and rnd == int(NTH):
+        die()
+    return real_round(self, rnd)
+
+
+class TornWrites:
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, text):
+        if hit("metrics"):
+            self.f.write(text[: len(text) // 2])
+            self.f.flush()
+            die()
+        return self.f.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
+
+real_open = pathlib.Path.open
+
+
+def open_(self, mode="r", *args, **kwargs):
+    f = real_open(self, mode, *args, **kwargs)
+    return TornWrites(f) if self.name == "metrics.jsonl" and "a" in mode else f
+
+
+real_save = torch.save
+
+
+def save(obj, f, *args, **kwargs):
+    if hit("ckpt"):
+        pathlib.Path(f).write_bytes(b"PK\x03\x04 torn")
+        die()
+    return real_save(obj, f, *args, **kwargs)
+
+
+real_replace = os.replace
+
+
+def replace(src, dst):
+    if str(dst).endswith(".pt") and hit("ckpt_replace"):
+        die()
+    return real_replace(src, dst)
+
+
+real_truncate = os.truncate
+
+
+def truncate(path, length):
+    if hit("truncate"):
+        die()
+    return real_truncate(path, length)
+
+
+real_write_atomic = runner.write_atomic
+
+
+def write_atomic(path, text):
+    point = pathlib.Path(path).stem  # config or summary
+    if hit(point):
+        path.with_name(path.name + ".tmp").write_text(text[: len(text) // 2])
+        die()
+    return real_write_atomic(path, text)
+
+
+Simulation.run_round = run_round
+pathlib.Path.open = open_
+torch.save = save
+os.replace = replace
+os.truncate = truncate
+runner.write_atomic = write_atomic
