@@ -9,6 +9,7 @@ silently ignored setting. Algorithm hyper-parameters live under ``algorithm:`` n
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -123,6 +124,29 @@ class TrainConfig(_Section):
             raise ValueError("must be below 1e30 (a float32 step cannot hold it)")
         return v
 
+    # the local optimiser of every client's training (momentum applies to sgd; adam and adamw
+    # use torch's default betas; weight_decay is L2 in sgd and adam, decoupled in adamw)
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    # the learning rate over rounds (lr_factor): constant; step: x lr_gamma every
+    # lr_step_rounds rounds (PFLlib's -ld: gamma 0.99 every round); cosine: from lr at round 1
+    # down to lr_min after the last round. It scales every local learning rate of the round
+    # (an algorithm's own ones too, e.g. Ditto's personal_lr)
+    lr_schedule: Literal["constant", "step", "cosine"] = "constant"
+    lr_gamma: float = Field(0.99, gt=0, le=1)
+    lr_step_rounds: int = Field(1, gt=0)
+    lr_min: float = Field(0.0, ge=0)
+
+    @field_validator("lr_min")
+    @classmethod
+    def _below_lr(cls, v: float, info: Any) -> float:
+        if "lr" in info.data and v > info.data["lr"]:
+            raise ValueError(f"must not exceed train.lr ({info.data['lr']})")
+        return v
+
+    # data augmentation of the clients' training batches (images only): random crop after
+    # zero-padding by crop_padding pixels, plus horizontal flip (FedProto's, pFedSim's CIFAR)
+    augment: Literal["none", "crop_flip"] = "none"
+    crop_padding: int = Field(4, ge=0, le=64)
     # clip each local step's gradient to this L2 norm (off by default; the MAP code uses 100)
     grad_clip: float | None = Field(None, gt=0)
     # the server's averaging rule for every algorithm that averages client models (those with a
@@ -132,6 +156,18 @@ class TrainConfig(_Section):
     # a client whose training metrics or uploaded weights are not finite: stop the run (one
     # sentence, exit 2) or leave the client out of that round (listed in diverged_clients)
     on_nan: Literal["stop", "skip_client"] = "stop"
+
+
+def lr_factor(t: TrainConfig, rnd: int) -> float:
+    """The factor ``t.lr_schedule`` multiplies the learning rates of round ``rnd`` (1-based)
+    by: 1 for constant; ``lr_gamma ** ((rnd - 1) // lr_step_rounds)`` for step; for cosine,
+    ``(lr_min + (lr - lr_min) (1 + cos(pi (rnd - 1) / rounds)) / 2) / lr``."""
+    if t.lr_schedule == "step":
+        return t.lr_gamma ** ((rnd - 1) // t.lr_step_rounds)
+    if t.lr_schedule == "cosine":
+        cos = (1 + math.cos(math.pi * (rnd - 1) / t.rounds)) / 2
+        return (t.lr_min + (t.lr - t.lr_min) * cos) / t.lr
+    return 1.0
 
 
 class EvalConfig(_Section):

@@ -26,9 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pflkit.algorithms.blocks.training import Weights, clip_grad, get_weights, local_sgd
+from pflkit.algorithms.blocks.training import Weights, clip_grad, crop_flip, get_weights, local_sgd
 from pflkit.config import ExperimentConfig, ModelConfig, TrainConfig, resolve_device
 from pflkit.data.federated import ClientData, FederatedDataset
+from pflkit.errors import PflkitError
 from pflkit.models import PFLModel, build_model
 
 
@@ -115,7 +116,9 @@ class ClientEnv:
     def train(self, model: nn.Module, **overrides: Any) -> float:
         """Local SGD on this client's training split with the run's optimiser settings;
         ``overrides`` replace any of local_sgd's keyword arguments (epochs, lr, loss_fn, ...).
-        ``grad_hooks`` given here run after ``train.grad_clip``'s clipping, when it is set."""
+        ``grad_hooks`` given here run after ``train.grad_clip``'s clipping, when it is set;
+        ``train.augment`` augments the batches (the engine sets the optimiser and the round's
+        learning-rate factor around the client's work: ``local_optim``)."""
         t = self.run.train
         hooks = [clip_grad(t.grad_clip)] if t.grad_clip is not None else []
         hooks += list(overrides.pop("grad_hooks", ()))
@@ -127,6 +130,8 @@ class ClientEnv:
             weight_decay=t.weight_decay,
             grad_hooks=hooks,
         )
+        if t.augment == "crop_flip":
+            kwargs["transform"] = crop_flip(t.crop_padding)
         kwargs.update(overrides)
         return local_sgd(model, self.data.train_x, self.data.train_y, **kwargs)
 
@@ -188,6 +193,11 @@ def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv,
     pool = ModelPool(specs, data.input_shape, data.num_classes, device)
     for arch in specs:
         pool.model(arch)
+    if cfg.train.augment != "none" and len(data.input_shape) != 3:
+        raise PflkitError(
+            f"train.augment {cfg.train.augment!r} needs images [C, H, W], but "
+            f"{cfg.data.dataset} has inputs of shape {list(data.input_shape)}: set train.augment: none"
+        )
     n = data.num_clients
     archs = [order[c % len(order)] if order else global_arch for c in range(n)]
     facts = RunFacts(cfg.train, cfg.seed, cfg.eval.selected_clients)

@@ -35,9 +35,9 @@ import torch
 
 from pflkit.algorithms import Algorithm, build_algorithm, make_envs
 from pflkit.algorithms.base import Payload, State, Update, Upload
-from pflkit.algorithms.blocks.training import predict
+from pflkit.algorithms.blocks.training import local_optim, predict
 from pflkit.algorithms.env import ClientEnv
-from pflkit.config import ExperimentConfig, resolve_device, validate
+from pflkit.config import ExperimentConfig, lr_factor, resolve_device, validate
 from pflkit.errors import PflkitError
 
 if TYPE_CHECKING:
@@ -70,6 +70,13 @@ def init_client(algo: Algorithm, env: ClientEnv, seed: int) -> State:
     return algo.client_init(env)
 
 
+def round_optim(env: ClientEnv, rnd: int):
+    """The local optimiser and learning-rate factor of round ``rnd`` (``train.optimizer``,
+    ``train.lr_schedule``) for every local_sgd call inside the block."""
+    t = env.run.train
+    return local_optim(t.optimizer, lr_factor(t, rnd))
+
+
 def train_client(
     algo: Algorithm,
     env: ClientEnv,
@@ -85,7 +92,8 @@ def train_client(
     cause: the lr), or with ``train.on_nan: skip_client`` returns None: the client is left
     out of the round and keeps its previous state."""
     seed_torch(seed, rnd, p, env.cid)
-    update = algo.client_update(env, payload, state, rnd, phase)
+    with round_optim(env, rnd):
+        update = algo.client_update(env, payload, state, rnd, phase)
     bad = [f"{k} is {v}" for k, v in update.metrics.items() if not math.isfinite(v)]
     if not bad and not _finite(update.upload):
         bad = ["upload holds inf or nan values"]
@@ -134,10 +142,11 @@ def evaluate_client(
     (``personal_weights``), or with ``upload`` MAP's protocol (``trained_weights``). A client
     whose personalized model is the global model is scored with ``view["weights"]``."""
     seed_eval(seed, rnd, env.cid, selected=upload is not None)
-    if upload is not None:
-        weights = algo.trained_weights(env, view, upload, state)
-    else:
-        weights = algo.personal_weights(env, view, state)
+    with round_optim(env, rnd):  # personal_weights may train (FedAvg-FT's fine-tuning)
+        if upload is not None:
+            weights = algo.trained_weights(env, view, upload, state)
+        else:
+            weights = algo.personal_weights(env, view, state)
         if weights is None:
             if "weights" not in view:
                 raise RuntimeError(

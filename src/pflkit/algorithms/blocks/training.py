@@ -7,7 +7,10 @@ so the loop costs what a hand-written PyTorch loop costs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +45,62 @@ def group(model: nn.Module, weights: Mapping[str, Tensor], name: str) -> Weights
     return {k: weights[k] for k in keys}
 
 
+@dataclass(frozen=True)
+class LocalOptim:
+    """The optimiser :func:`local_sgd` builds and the factor on its learning rate."""
+
+    name: str = "sgd"  # sgd | adam | adamw (train.optimizer)
+    lr_scale: float = 1.0  # the round's learning-rate schedule factor (config.lr_factor)
+
+
+_LOCAL_OPTIM: ContextVar[LocalOptim] = ContextVar("local_optim", default=LocalOptim())  # noqa: B039 (frozen)
+
+
+@contextmanager
+def local_optim(name: str, lr_scale: float = 1.0) -> Iterator[None]:
+    """Within the block, every :func:`local_sgd` call uses optimiser ``name`` and multiplies its
+    ``lr`` by ``lr_scale``. The engine wraps each client's round in it (``train.optimizer``,
+    ``train.lr_schedule``), so algorithms need no code for either."""
+    token = _LOCAL_OPTIM.set(LocalOptim(name, lr_scale))
+    try:
+        yield
+    finally:
+        _LOCAL_OPTIM.reset(token)
+
+
+def make_optimizer(
+    params: list[Tensor], lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """The optimiser of the enclosing :func:`local_optim` (default: SGD), at its scaled lr."""
+    o = _LOCAL_OPTIM.get()
+    lr = lr * o.lr_scale
+    if o.name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if o.name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def crop_flip(padding: int) -> Callable[[Tensor], Tensor]:
+    """Random crop of each image ``[C, H, W]`` after zero-padding every side by ``padding``,
+    then a horizontal flip with probability 1/2. Offsets and flips are drawn on the CPU from
+    torch's global RNG (seeded per client and round by the engine), the same on every device."""
+
+    def transform(x: Tensor) -> Tensor:
+        n, _, h, w = x.shape
+        dy, dx = torch.randint(0, 2 * padding + 1, (2, n), device="cpu").to(x.device)
+        flip = (torch.rand(n, device="cpu") < 0.5).to(x.device)
+        padded = F.pad(x, (padding,) * 4)
+        rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+        cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+        sample = torch.arange(n, device=x.device)[:, None, None, None]
+        channel = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+        out = padded[sample, channel, rows, cols]
+        return torch.where(flip[:, None, None, None], out.flip(3), out)
+
+    return transform
+
+
 def cross_entropy(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(model(x), y)
 
@@ -60,6 +119,7 @@ def local_sgd(
     params: Iterable[Tensor] | None = None,
     steps: int | None = None,
     grad_hooks: Sequence[GradHook] = (),
+    transform: Callable[[Tensor], Tensor] | None = None,
 ) -> float:
     """Train ``model`` in place with mini-batch SGD; return the mean training loss.
 
@@ -71,11 +131,13 @@ def local_sgd(
     optimised (default: all parameters; :meth:`PFLModel.group_params` names the body and head).
     ``grad_hooks`` run in order after each backward pass and before the optimiser step, each
     editing the gradients of ``params`` in place: :func:`clip_grad`, :func:`shift_grad`,
-    :func:`proximal_pull`.
+    :func:`proximal_pull`. ``transform`` (e.g. :func:`crop_flip`) augments each input batch.
+    The optimiser is SGD unless the caller runs inside :func:`local_optim`, which also scales
+    ``lr`` (the engine does, per round: ``train.optimizer`` and ``train.lr_schedule``).
     """
     model.train()
     params = list(model.parameters() if params is None else params)
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    opt = make_optimizer(params, lr, momentum, weight_decay)
     n = len(y)
     if steps is None:
         steps = epochs * steps_per_epoch(n, batch_size)
@@ -89,7 +151,8 @@ def local_sgd(
                 break
             idx = perm[i : i + batch_size]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model, x[idx], y[idx])
+            xb = x[idx] if transform is None else transform(x[idx])
+            loss = loss_fn(model, xb, y[idx])
             loss.backward()
             for hook in grad_hooks:
                 hook(params)

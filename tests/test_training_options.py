@@ -1,0 +1,131 @@
+"""Local optimisers, learning-rate schedules over rounds and data augmentation (issue 16,
+item 4): the schedule's factors and Adam's first step by value, the schedule reaching every
+local learning rate of a round, augmentation against a per-sample loop, bad values refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from pflkit.algorithms.blocks.training import crop_flip, local_optim, local_sgd
+from pflkit.config import lr_factor
+from pflkit.engine import Simulation
+from pflkit.errors import PflkitError
+
+
+def test_lr_factor_by_value(tiny):
+    step = tiny(
+        train={"rounds": 6, "lr": 0.1, "lr_schedule": "step", "lr_gamma": 0.5, "lr_step_rounds": 2}
+    ).train
+    assert [lr_factor(step, r) for r in range(1, 7)] == [1, 1, 0.5, 0.5, 0.25, 0.25]
+    cos = tiny(train={"rounds": 4, "lr": 0.1, "lr_schedule": "cosine", "lr_min": 0.02}).train
+    # lr_r = 0.02 + 0.08 (1 + cos(pi (r - 1) / 4)) / 2: 0.1, 0.0883, 0.06, 0.0317
+    expected = [0.1, 0.02 + 0.04 * (1 + math.sqrt(0.5)), 0.06, 0.02 + 0.04 * (1 - math.sqrt(0.5))]
+    assert [lr_factor(cos, r) * 0.1 for r in range(1, 5)] == pytest.approx(expected)
+    assert lr_factor(tiny().train, 7) == 1.0
+
+
+class Recorder:
+    """Records (optimiser class, lr) of every optimiser local_sgd builds."""
+
+    def __init__(self, monkeypatch):
+        self.made = []
+        for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
+            real = cls.__init__
+
+            def init(opt, params, *a, _real=real, **kw):
+                _real(opt, params, *a, **kw)
+                self.made.append((type(opt).__name__, opt.param_groups[0]["lr"]))
+
+            monkeypatch.setattr(cls, "__init__", init)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_the_schedule_scales_every_local_lr_of_a_round(tiny, monkeypatch, optimizer):
+    """Ditto trains two models per client per round: the global one at train.lr and the
+    personal one at personal_lr; the step schedule halves both from round 2 on."""
+    rec = Recorder(monkeypatch)
+    cfg = tiny(
+        algorithm={"name": "ditto", "personal_lr": 0.2},
+        train={
+            "rounds": 2,
+            "lr": 0.05,
+            "optimizer": optimizer,
+            "lr_schedule": "step",
+            "lr_gamma": 0.5,
+        },
+        eval={"global_model": False},
+    )
+    with Simulation(cfg) as sim:
+        sim.run_round(1)
+        first, rec.made[:] = list(rec.made), []
+        sim.run_round(2)
+    name = {"sgd": "SGD", "adamw": "AdamW"}[optimizer]
+    assert {n for n, _ in first + rec.made} == {name}
+    assert sorted({lr for _, lr in first}) == pytest.approx([0.05, 0.2])
+    assert sorted({lr for _, lr in rec.made}) == pytest.approx([0.025, 0.1])
+
+
+def test_adam_first_step_moves_each_weight_by_lr_against_its_gradient_sign():
+    """Adam's first step is -lr * m / (sqrt(v) + eps) with m = (1-b1) g, v = (1-b2) g^2 after
+    bias correction: -lr * g / (|g| + eps) = -lr * sign(g)."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+    before = model.weight.detach().clone()
+    grad = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), model.weight)[0]
+    with local_optim("adam", lr_scale=0.5):
+        local_sgd(model, x, y, epochs=1, batch_size=4, lr=0.02)
+    assert model.weight.detach() - before == pytest.approx(-0.01 * grad.sign(), abs=1e-6)
+
+
+def test_crop_flip_equals_a_per_sample_loop():
+    x = torch.arange(2 * 2 * 3 * 4, dtype=torch.float32).reshape(2, 2, 3, 4)
+    torch.manual_seed(3)
+    out = crop_flip(2)(x)
+    torch.manual_seed(3)  # the same draws, in the same order, applied one sample at a time
+    dy, dx = torch.randint(0, 5, (2, 2))
+    flip = torch.rand(2) < 0.5
+    for i in range(2):
+        padded = torch.zeros(2, 7, 8)
+        padded[:, 2:5, 2:6] = x[i]
+        crop = padded[:, dy[i] : dy[i] + 3, dx[i] : dx[i] + 4]
+        assert torch.equal(out[i], crop.flip(2) if flip[i] else crop)
+    torch.manual_seed(3)
+    assert torch.equal(crop_flip(2)(x), out)  # deterministic under a seed
+    assert torch.equal(crop_flip(0)(x)[~flip], x[~flip])  # no padding, no flip: the input
+
+
+def test_augmentation_is_deterministic_and_changes_training(tiny):
+    def final(augment):
+        cfg = tiny(train={"rounds": 2, "augment": augment, "crop_padding": 1})
+        with Simulation(cfg) as sim:
+            return [sim.run_round(r)["pers_acc_mean"] for r in (1, 2)]
+
+    assert final("crop_flip") == final("crop_flip")
+    assert final("crop_flip") != final("none")
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("optimizer", "rmsprop", "train.optimizer"),
+        ("lr_schedule", "linear", "train.lr_schedule"),
+        ("lr_gamma", 0, "train.lr_gamma"),
+        ("lr_step_rounds", 0, "train.lr_step_rounds"),
+        ("lr_min", 1.0, "must not exceed train.lr"),
+        ("augment", "mixup", "train.augment"),
+    ],
+)
+def test_bad_values_are_one_sentence(tiny, key, value, message):
+    with pytest.raises(PflkitError, match=message):
+        tiny(train={key: value})
+
+
+def test_augmenting_non_images_is_refused(tiny):
+    cfg = tiny(data={"dataset": "synthetic"}, train={"augment": "crop_flip"})
+    with pytest.raises(PflkitError, match="needs images"):
+        Simulation(cfg)
