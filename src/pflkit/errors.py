@@ -32,4 +32,5 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> PflkitError:
     known = sorted(known)
     close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
     hint = f"did you mean '{close[0]}'?" if close else f"choose one of: {', '.join(known)}."
-    return PflkitError(f"unknown {kind} '{name}': {hint} (`pflkit list` shows all)")
+    shown = str(name) if str(name).isprintable() else repr(str(name))[1:-1]  # one line, always
+    return PflkitError(f"unknown {kind} '{shown}': {hint} (`pflkit list` shows all)")

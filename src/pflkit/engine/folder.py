@@ -55,7 +55,9 @@ def write_atomic(path: Path, text: str) -> None:
 def fingerprint(cfg: ExperimentConfig, partition_id: str) -> str:
     from pflkit import __version__
 
-    dump = cfg.model_dump(mode="json")
+    # keys at their default are left out, so a release that adds a key (at a default that
+    # keeps old behaviour) does not invalidate existing checkpoints
+    dump = cfg.model_dump(mode="json", exclude_defaults=True)
     for key in RESUMABLE:
         section, _, field = key.rstrip(".").partition(".")
         if field:
