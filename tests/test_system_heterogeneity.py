@@ -158,3 +158,38 @@ def test_bad_values_are_one_sentence(key, value):
     with pytest.raises(PflkitError, match=f"system.{key}") as err:
         validate(tiny_config(system={key: value}))
     assert "\n" not in str(err.value)
+
+
+def test_scaffold_counts_a_stragglers_steps_in_its_control_update(tiny):
+    """c_i+ - c_i = -c + (x - y) / (K lr) with K the steps the client ran (round 1: c = 0)."""
+    cfg = tiny(
+        algorithm={"name": "scaffold"},
+        train={"rounds": 1, "local_epochs": 2},
+        system={"stragglers": 0.5, "straggler_work": 0.3},
+    )
+    runner = Recording()
+    with Simulation(cfg, runner=runner) as sim:
+        row = sim.run_round(1)
+        slow = row.get("straggler_clients", [])
+        assert slow and len(slow) < 4
+        for cid, upload in runner.uploads[1].items():
+            full = 2 * steps_per_epoch(sim.envs[cid].num_train, cfg.train.batch_size)
+            k = max(1, math.floor(0.3 * full)) if cid in slow else full
+            for key, delta_c in upload["delta_c"].items():
+                want = -upload["delta_y"][key] / (k * cfg.train.lr)
+                torch.testing.assert_close(delta_c, want)
+
+
+def test_the_draws_vary_with_round_and_client_at_the_configured_rates():
+    system = validate(tiny_config(system={"dropout": 0.3, "stragglers": 0.5})).system
+    torch_state = torch.get_rng_state()
+    draws = {(r, c): system_draw(system, 7, r, c) for r in range(1, 201) for c in range(10)}
+    assert torch.equal(torch.get_rng_state(), torch_state)  # torch's stream is untouched
+    assert draws == {(r, c): system_draw(system, 7, r, c) for r, c in draws}
+    dropped = [d for d, _ in draws.values()]
+    slow = [s for d, s in draws.values() if not d]
+    assert abs(sum(dropped) / len(dropped) - 0.3) < 0.03
+    assert abs(sum(slow) / len(slow) - 0.5) < 0.03
+    assert not any(d and s for d, s in draws.values())
+    per_round = {r: tuple(draws[r, c][0] for c in range(10)) for r in range(1, 201)}
+    assert len(set(per_round.values())) > 100  # a fresh draw every round
