@@ -170,6 +170,21 @@ def lr_factor(t: TrainConfig, rnd: int) -> float:
     return 1.0
 
 
+class SystemConfig(_Section):
+    """System heterogeneity, simulated (as PFLlib's ``client_drop_rate`` / ``train_slow_rate``
+    and FL-bench's options): each selected client of a round independently drops out with
+    probability ``dropout`` (it trains and uploads nothing; listed in ``dropped_clients`` and
+    left out of the aggregate, as a failed client is), otherwise is a straggler with probability
+    ``stragglers`` (its local training runs ``max(1, floor(straggler_work * steps))`` of its
+    steps; listed in ``straggler_clients``). The draws are seeded by (seed, round, client), so
+    every runner sees the same ones. A section of its own: these are properties of the
+    simulated devices, not training settings. The defaults (0) change nothing."""
+
+    dropout: float = Field(0.0, ge=0, lt=1)
+    stragglers: float = Field(0.0, ge=0, lt=1)
+    straggler_work: float = Field(0.5, gt=0, le=1)  # a straggler's share of its local steps
+
+
 class EvalConfig(_Section):
     every: int = Field(1, gt=0)  # evaluate every N rounds (and always at the last round)
     # also evaluate every round of the last N rounds; summaries then report the mean over them
@@ -227,6 +242,7 @@ class ExperimentConfig(_Section):
     model: ModelConfig = ModelConfig()
     algorithm: dict[str, Any] = {"name": "fedavg"}
     train: TrainConfig = TrainConfig()
+    system: SystemConfig = SystemConfig()
     eval: EvalConfig = EvalConfig()
     engine: EngineConfig = EngineConfig()
     output: OutputConfig = OutputConfig()

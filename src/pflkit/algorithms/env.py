@@ -20,14 +20,28 @@ models per client per round.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from pflkit.algorithms.blocks.training import Weights, clip_grad, crop_flip, get_weights, local_sgd
-from pflkit.config import ExperimentConfig, ModelConfig, TrainConfig, resolve_device
+from pflkit.algorithms.blocks.training import (
+    Weights,
+    clip_grad,
+    crop_flip,
+    get_weights,
+    local_sgd,
+    steps_per_epoch,
+)
+from pflkit.config import (
+    ExperimentConfig,
+    ModelConfig,
+    SystemConfig,
+    TrainConfig,
+    resolve_device,
+)
 from pflkit.data.federated import ClientData, FederatedDataset
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel, build_model
@@ -76,6 +90,7 @@ class RunFacts:
     train: TrainConfig  # resolved local-training settings
     seed: int
     selected_eval: bool  # MAP's protocol will score each selected client's trained model
+    system: SystemConfig = field(default_factory=SystemConfig)  # dropout and stragglers
 
     @property
     def rounds(self) -> int:
@@ -97,6 +112,9 @@ class ClientEnv:
     models: ModelPool
     run: RunFacts
     public_x: Tensor | None = None
+    # the share of its local steps this client runs in the current round: below 1 for a
+    # straggler (``system.straggler_work``); set by the engine around ``client_update``
+    work: float = 1.0
 
     @property
     def num_train(self) -> int:
@@ -113,12 +131,20 @@ class ClientEnv:
     def init_weights(self) -> Weights:
         return self.models.init_weights(self.arch)
 
+    def work_steps(self, steps: int) -> int:
+        """How many of ``steps`` local steps this client runs this round: all of them, or a
+        straggler's ``max(1, floor(work * steps))`` (none of none)."""
+        if self.work >= 1 or steps == 0:
+            return steps
+        return max(1, math.floor(self.work * steps))
+
     def train(self, model: nn.Module, **overrides: Any) -> float:
         """Local SGD on this client's training split with the run's optimiser settings;
         ``overrides`` replace any of local_sgd's keyword arguments (epochs, lr, loss_fn, ...).
         ``grad_hooks`` given here run after ``train.grad_clip``'s clipping, when it is set;
         ``train.augment`` augments the batches (the engine sets the optimiser and the round's
-        learning-rate factor around the client's work: ``local_optim``)."""
+        learning-rate factor around the client's work: ``local_optim``). A straggler (``work``
+        below 1) runs :meth:`work_steps` of the steps asked for."""
         t = self.run.train
         hooks = [clip_grad(t.grad_clip)] if t.grad_clip is not None else []
         hooks += list(overrides.pop("grad_hooks", ()))
@@ -133,6 +159,11 @@ class ClientEnv:
         if t.augment == "crop_flip":
             kwargs["transform"] = crop_flip(t.crop_padding)
         kwargs.update(overrides)
+        if self.work < 1:  # a straggler: a share of the steps, counted as local_sgd counts them
+            steps = kwargs.get("steps")
+            if steps is None:
+                steps = kwargs["epochs"] * steps_per_epoch(self.num_train, kwargs["batch_size"])
+            kwargs["steps"] = self.work_steps(steps)
         return local_sgd(model, self.data.train_x, self.data.train_y, **kwargs)
 
 
@@ -200,7 +231,7 @@ def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv,
         )
     n = data.num_clients
     archs = [order[c % len(order)] if order else global_arch for c in range(n)]
-    facts = RunFacts(cfg.train, cfg.seed, cfg.eval.selected_clients)
+    facts = RunFacts(cfg.train, cfg.seed, cfg.eval.selected_clients, cfg.system)
     server = ServerEnv(
         num_clients=n,
         archs=archs,

@@ -183,8 +183,9 @@ def scaffold_local_steps(
     if steps == 0:
         delta_c = {k: torch.zeros_like(v) for k, v in c_local.items()}
     else:
-        # c_i+ - c_i = -c + (x - y) / (K lr)
-        delta_c = {k: -delta_y[k] / (steps * lr) - c_global[k] for k in c_local}
+        # c_i+ - c_i = -c + (x - y) / (K lr), K the steps run (a straggler runs fewer)
+        k_steps = env.work_steps(steps)
+        delta_c = {k: -delta_y[k] / (k_steps * lr) - c_global[k] for k in c_local}
     new_c = {k: c_local[k] + delta_c[k] for k in c_local}
     return ScaffoldStep(y, new_c, delta_y, delta_c, loss)
 

@@ -37,7 +37,7 @@ from pflkit.algorithms import Algorithm, build_algorithm, make_envs
 from pflkit.algorithms.base import Payload, State, Update, Upload
 from pflkit.algorithms.blocks.training import local_optim, predict
 from pflkit.algorithms.env import ClientEnv
-from pflkit.config import ExperimentConfig, lr_factor, resolve_device, validate
+from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device, validate
 from pflkit.errors import PflkitError
 
 if TYPE_CHECKING:
@@ -59,6 +59,18 @@ def seed_eval(seed: int, rnd: int, cid: int, selected: bool = False) -> None:
     """Seed torch before a client's evaluation (its personalized model may be trained first,
     e.g. FedAvg-FT's fine-tuning), the same way in every engine."""
     seed_torch(seed, rnd, 0xE5 if selected else 0xE7, cid)
+
+
+def system_draw(system: SystemConfig, seed: int, rnd: int, cid: int) -> tuple[bool, bool]:
+    """Whether client ``cid`` drops out of round ``rnd`` and, if not, whether it is a straggler
+    (``system.dropout``, ``system.stragglers``): numpy draws seeded by (seed, round, client), so
+    the server (which leaves dropped clients out) and whichever runner trains a straggler agree;
+    torch's stream is not touched, and with the defaults nothing is drawn."""
+    if not system.dropout and not system.stragglers:
+        return False, False
+    u_drop, u_slow = np.random.default_rng([seed, rnd, cid, 0x5D]).random(2)
+    dropped = bool(u_drop < system.dropout)
+    return dropped, not dropped and bool(u_slow < system.stragglers)
 
 
 # -- the client-side work, as every runner runs it --------------------------------------------------
@@ -90,10 +102,16 @@ def train_client(
     """``client_update`` with torch seeded from (seed, round, phase index, client). A training
     metric or uploaded tensor that is not finite stops the run with one sentence (the usual
     cause: the lr), or with ``train.on_nan: skip_client`` returns None: the client is left
-    out of the round and keeps its previous state."""
+    out of the round and keeps its previous state. A straggler of the round
+    (:func:`system_draw`) trains with ``env.work = system.straggler_work``."""
     seed_torch(seed, rnd, p, env.cid)
-    with round_optim(env, rnd):
-        update = algo.client_update(env, payload, state, rnd, phase)
+    system = env.run.system
+    env.work = system.straggler_work if system_draw(system, seed, rnd, env.cid)[1] else 1.0
+    try:
+        with round_optim(env, rnd):
+            update = algo.client_update(env, payload, state, rnd, phase)
+    finally:
+        env.work = 1.0
     bad = [f"{k} is {v}" for k, v in update.metrics.items() if not math.isfinite(v)]
     if not bad and not _finite(update.upload):
         bad = ["upload holds inf or nan values"]

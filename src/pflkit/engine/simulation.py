@@ -14,7 +14,10 @@ Per round ``r`` (1-based):
 4. return one metrics row (the run loop appends it to ``metrics.jsonl`` and checkpoints).
 
 A client whose work fails (Flower) is listed in ``failed_clients`` and left out of that round's
-aggregate. Because every random draw is seeded from (seed, round, phase, client), a run resumed
+aggregate. Simulated system heterogeneity (``system.*``, :func:`~pflkit.engine.clients.system_draw`)
+works the same way: a selected client that drops out of the round gets no payload (it trains,
+uploads and costs nothing) and is listed in ``dropped_clients``; a straggler trains a share of
+its local steps and is listed in ``straggler_clients``. Because every random draw is seeded from (seed, round, phase, client), a run resumed
 from a checkpoint continues exactly as the uninterrupted run would have, whichever runner runs
 the clients.
 """
@@ -33,7 +36,7 @@ from pflkit.algorithms.base import State, Upload, nbytes, parse_params
 from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
-from pflkit.engine.clients import ClientRunner, init_client, make_runner, seed_torch
+from pflkit.engine.clients import ClientRunner, init_client, make_runner, seed_torch, system_draw
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, personal_metrics
 
@@ -122,6 +125,9 @@ class Simulation:
         cfg, algo, senv = self.cfg, self.algo, self.senv
         t0 = time.perf_counter()
         selected = sample_clients(cfg.seed, rnd, self.data.num_clients, cfg.train.client_fraction)
+        draws = {cid: system_draw(cfg.system, cfg.seed, rnd, cid) for cid in selected}
+        dropped = [cid for cid in selected if draws[cid][0]]
+        stragglers = [cid for cid in selected if draws[cid][1]]
         down = dict.fromkeys(selected, 0)
         up = dict.fromkeys(selected, 0)
         losses: list[float] = []
@@ -131,7 +137,7 @@ class Simulation:
             payloads = {
                 cid: algo.configure(senv, self.server, cid, rnd, phase)
                 for cid in selected
-                if cid not in failed
+                if cid not in failed and cid not in dropped
             }
             for cid, payload in payloads.items():
                 down[cid] += nbytes(payload)
@@ -142,11 +148,15 @@ class Simulation:
                 up[cid] += nbytes(upload)
                 if "train_loss" in metrics:
                     losses.append(metrics["train_loss"])
-            if uploads:  # nothing to aggregate when every client of the round failed
+            if uploads:  # nothing to aggregate when every client failed or dropped
                 seed_torch(cfg.seed, rnd, p, 0xA6)
                 self.server = algo.aggregate(senv, self.server, uploads, rnd, phase)
         t1 = time.perf_counter()
         row: dict[str, Any] = {"round": rnd, "clients": selected}
+        if dropped:
+            row["dropped_clients"] = dropped
+        if stragglers:
+            row["straggler_clients"] = stragglers
         if failed:
             row["failed_clients"] = failed
         if losses:
