@@ -245,7 +245,7 @@ def test_a_killed_compare_continues_to_the_same_table(cfg_file, tmp_path):
     import time
 
     args = ["--algorithms", "local,fedavg", "--seeds", "0,1", "-q"]
-    sets = ["--set", "train.rounds=40", "--set", "output.checkpoint_every=1"]
+    sets = ["--set", "train.rounds=20", "--set", "output.checkpoint_every=1"]
     whole = pflkit("compare", str(cfg_file), *args, *sets, "--out", "whole", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr
     cmd = [sys.executable, "-m", "pflkit.cli", "compare", str(cfg_file), *args, *sets]
