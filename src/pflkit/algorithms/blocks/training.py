@@ -121,7 +121,8 @@ def local_sgd(
     grad_hooks: Sequence[GradHook] = (),
     transform: Callable[[Tensor], Tensor] | None = None,
 ) -> float:
-    """Train ``model`` in place with mini-batch SGD; return the mean training loss.
+    """Train ``model`` in place with mini-batch steps (SGD unless :func:`local_optim` names
+    another optimiser); return the mean training loss.
 
     The local objective is ``loss_fn(model, x_batch, y_batch)``. Each epoch visits every
     sample once in a fresh random order drawn from torch's global RNG (the engine seeds it per
