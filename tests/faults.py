@@ -38,7 +38,7 @@ real_round = Simulation.run_round
 
 
 def run_round(self, rnd):
-    if hit("round") and rnd == int(NTH):
+    if POINT == "round" and rnd == int(NTH):
         die()
     return real_round(self, rnd)
 

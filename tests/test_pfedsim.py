@@ -221,3 +221,15 @@ def test_analyze_similarity_bad_input(tmp_path, monkeypatch, capsys):
     cfg.write_text(yaml.safe_dump(tiny_config()))
     assert pflkit(monkeypatch, "analyze", "similarity", str(cfg), "--steps", "0") == 2
     assert "--steps must be at least 1" in capsys.readouterr().err
+
+
+def test_heterogeneous_clients_are_refused_in_one_sentence(tiny):
+    from pflkit.engine import Simulation
+    from pflkit.errors import PflkitError
+
+    cfg = tiny(
+        algorithm={"name": "pfedsim"},
+        model={"per_client": [{"name": "mlp", "options": {"hidden": [16]}}, "mlp"]},
+    )
+    with pytest.raises(PflkitError, match="every client needs the same architecture"):
+        Simulation(cfg)

@@ -69,6 +69,7 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.bn import buffer_keys, merged, only, without
+from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.blocks.training import Weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
@@ -165,11 +166,7 @@ class PFedSim(Algorithm):
         return dict(weights)
 
     def check(self, env: ServerEnv) -> None:
-        if len(set(env.archs)) > 1:
-            raise PflkitError(
-                f"algorithm '{self.name}' averages feature extractors, so every client needs "
-                f"the same architecture (got {len(set(env.archs))}): remove model.per_client"
-            )
+        require_homogeneous(env, self.name)
         if not isinstance(env.model().head, nn.Linear):
             raise PflkitError(
                 f"algorithm '{self.name}' measures similarity on a linear classifier, but "
@@ -181,9 +178,8 @@ class PFedSim(Algorithm):
         n = env.num_clients
         return {
             "weights": self.shared(env.model(), env.init_weights()),
-            "phi": torch.zeros(
-                n, n, dtype=torch.float64, device=env.device
-            ),  # off-diagonal Phi; I_n implied
+            # off-diagonal Phi; I_n implied
+            "phi": torch.zeros(n, n, dtype=torch.float64, device=env.device),
             "personal": {},  # cid -> the client's last uploaded model (personalization phase)
             "round": 0,
         }

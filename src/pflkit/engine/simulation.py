@@ -14,12 +14,13 @@ Per round ``r`` (1-based):
 4. return one metrics row (the run loop appends it to ``metrics.jsonl`` and checkpoints).
 
 A client whose work fails (Flower) is listed in ``failed_clients`` and left out of that round's
-aggregate. Simulated system heterogeneity (``system.*``, :func:`~pflkit.engine.clients.system_draw`)
-works the same way: a selected client that drops out of the round gets no payload (it trains,
-uploads and costs nothing) and is listed in ``dropped_clients``; a straggler trains a share of
-its local steps and is listed in ``straggler_clients``. Because every random draw is seeded from (seed, round, phase, client), a run resumed
-from a checkpoint continues exactly as the uninterrupted run would have, whichever runner runs
-the clients.
+aggregate. Simulated system heterogeneity (``system.*``,
+:func:`~pflkit.engine.clients.system_draw`) works the same way: a selected client that drops
+out of the round gets no payload (it trains, uploads and costs nothing) and is listed in
+``dropped_clients``; a straggler trains a share of its local steps and is listed in
+``straggler_clients``. Because every random draw is seeded from (seed, round, phase, client),
+a run resumed from a checkpoint continues exactly as the uninterrupted run would have,
+whichever runner runs the clients.
 """
 
 from __future__ import annotations
