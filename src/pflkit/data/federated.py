@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +66,10 @@ class FederatedDataset:
         the engine moves the data once, before the first round."""
         if self.test_x.device == torch.device(device):
             return self
-        clients = [ClientData(*(t.to(device) for t in astuple(c))) for c in self.clients]
+        # vars(), not dataclasses.astuple: astuple deep-copies every tensor before the move
+        clients = [
+            ClientData(**{k: t.to(device) for k, t in vars(c).items()}) for c in self.clients
+        ]
         public = None if self.public_x is None else self.public_x.to(device)
         moved = {"test_x": self.test_x.to(device), "test_y": self.test_y.to(device)}
         return replace(self, clients=clients, public_x=public, **moved)
