@@ -1,4 +1,4 @@
-"""The ``pflkit`` command line: run, compare, partition, analyze, list, flower.
+"""The ``pflkit`` command line: run, compare, sweep, report, partition, analyze, list, flower.
 
 User mistakes (:class:`~pflkit.errors.PflkitError`) print one sentence and exit with code 2.
 """
@@ -69,6 +69,37 @@ ImportOpt = Annotated[
 ]
 
 
+JobsOpt = Annotated[
+    int,
+    typer.Option(
+        help="Whole runs at once, one process each (1 torch thread each unless `threads` "
+        "is set). Rerunning into the same --out continues it."
+    ),
+]
+AtOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--at",
+        help="Which number of each run: last (round), mean_last (mean of the last eval.last "
+        "rounds) or val_round (the round chosen on validation).",
+    ),
+]
+MetricOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The compared and selected metric: pers_acc_mean, pers_acc_weighted, "
+        "pers_acc_worst10 or global_acc."
+    ),
+]
+SelectOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Per algorithm, choose a setting on: val (the validation split), test (labelled "
+        "optimistic) or none."
+    ),
+]
+
+
 @app.command()
 def run(
     config: ConfigArg = None,
@@ -119,13 +150,7 @@ def compare(
     ] = None,
     out: OutOpt = None,
     quiet: QuietOpt = False,
-    jobs: Annotated[
-        int,
-        typer.Option(
-            help="Whole runs at once, one process each (1 torch thread each unless `threads` "
-            "is set). Rerunning into the same --out continues a compare."
-        ),
-    ] = 1,
+    jobs: JobsOpt = 1,
 ) -> None:
     """Compare algorithms on one partition over several seeds: markdown table + curves.
     Into an existing compare folder of the same config it continues: finished runs are
@@ -146,6 +171,116 @@ def compare(
 
 
 @app.command()
+def sweep(
+    config: ConfigArg = None,
+    grid: Annotated[
+        list[str] | None,
+        typer.Option(
+            help='A config key and its values, e.g. --grid "train.lr=[0.01,0.05]" or '
+            '--grid "algorithm.mu=[0.001,0.01]" (repeatable; a product grid).'
+        ),
+    ] = None,
+    set_: SetOpt = None,
+    imports: ImportOpt = None,
+    algorithms: Annotated[
+        str | None, typer.Option(help="Comma-separated algorithm names (default: config's).")
+    ] = None,
+    seeds: Annotated[
+        str | None, typer.Option(help="Comma-separated training seeds, e.g. 0,1,2.")
+    ] = None,
+    select: SelectOpt = None,
+    metric: MetricOpt = None,
+    at: AtOpt = None,
+    out: OutOpt = None,
+    quiet: QuietOpt = False,
+    jobs: JobsOpt = 1,
+) -> None:
+    """Run a grid of settings for each algorithm over several seeds, then choose each
+    algorithm's setting on validation accuracy and report its test accuracy (next to the best
+    on test, labelled). Into an existing sweep folder of the same config it continues."""
+    from pflkit.config import parse_value, validate
+    from pflkit.engine.compare import run_sweep
+
+    overrides = list(set_ or [])
+    if algorithms:
+        overrides.append(f"compare.algorithms=[{algorithms}]")
+    if seeds:
+        overrides.append(f"compare.seeds=[{seeds}]")
+    overrides += [
+        f"sweep.{k}={v}" for k, v in (("select", select), ("metric", metric), ("at", at)) if v
+    ]
+    cfg = load_config(config, overrides, imports)
+    extra = {}
+    for item in grid or []:
+        key, sep, text = item.partition("=")
+        values = parse_value(text) if sep else None
+        if not key or not isinstance(values, list) or not values:
+            raise PflkitError(
+                f"invalid --grid '{item}': write a key and a list of values, e.g. "
+                '--grid "train.lr=[0.01,0.05]"'
+            )
+        extra[key] = values
+    if extra:
+        raw = cfg.dump()
+        raw["sweep"]["grid"] = raw["sweep"]["grid"] | extra
+        cfg = validate(raw)
+    if out is None:
+        out = Path(cfg.output.dir) / f"sweep-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    res = run_sweep(cfg, out, progress=False if quiet else None, jobs=jobs)
+    print(res["table"])
+    out_console.print(f"written to {res['out']}")
+
+
+@app.command()
+def report(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Run folders, or compare / sweep folders (their plan.json says which runs).",
+            show_default=False,
+        ),
+    ] = None,
+    select: SelectOpt = None,
+    metric: MetricOpt = None,
+    at: AtOpt = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="What to print: markdown, csv, latex or json.")
+    ] = "markdown",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Also write results.md, .csv, .tex, .json and accuracy.png into this folder.",
+        ),
+    ] = None,
+) -> None:
+    """Rebuild the tables (markdown, CSV, LaTeX) and curves of finished runs. A compare or
+    sweep folder is reported with its own options unless --select, --metric or --at is given."""
+    import json
+
+    from pflkit.engine.folder import make_folder
+    from pflkit.report.results import make_report
+
+    if not paths:
+        raise PflkitError("pflkit report needs run folders or compare / sweep folders")
+    formats = ("markdown", "csv", "latex", "json")
+    if fmt not in formats:
+        raise PflkitError(f"unknown --format {fmt!r}: use one of {', '.join(formats)}")
+    rep = make_report(*paths, at=at, metric=metric, select=select)
+    text = {
+        "markdown": rep.markdown,
+        "csv": rep.csv,
+        "latex": rep.latex,
+        "json": lambda: json.dumps(rep.numbers, indent=2) + "\n",
+    }[fmt]()
+    if out is not None:
+        make_folder(out, "report folder")
+        rep.write(out)
+    print(text, end="")
+
+
+@app.command()
 def partition(
     config: ConfigArg = None,
     set_: SetOpt = None,
@@ -159,7 +294,7 @@ def partition(
     ] = False,
 ) -> None:
     """Show a partition: per-client class counts (table) and a PNG heatmap (train + test
-    samples, or --train-only)."""
+    (+ validation) samples, or --train-only)."""
     from rich.table import Table
 
     from pflkit.data.federated import build_federated
@@ -167,24 +302,19 @@ def partition(
 
     cfg = load_config(config, set_ or [], imports)
     data = build_federated(cfg.data)
-    table = data.class_table("train")
-    if not train_only:
-        table = table + data.class_table("test")
-    counted = "training samples" if train_only else "samples (train + local test)"
+    splits = ["train", "test"] + (["val"] if data.has_val else [])
+    table = sum(data.class_table(s) for s in (splits[:1] if train_only else splits))
+    counted = "training samples" if train_only else f"samples ({' + '.join(splits)})"
     t = Table(title=f"{cfg.data.dataset} {cfg.data.partition} (id {data.partition_id})")
     t.add_column("client", justify="right")
     for c in range(data.num_classes):
         t.add_column(str(c), justify="right")
-    t.add_column("train", justify="right")
-    t.add_column("test", justify="right")
+    for s in splits:
+        t.add_column(s, justify="right")
     for cid, row in enumerate(table):
         c = data.clients[cid]
-        t.add_row(
-            str(cid),
-            *(str(int(v)) if v else "·" for v in row),
-            str(len(c.train_y)),
-            str(len(c.test_y)),
-        )
+        sizes = [len(c.train_y), len(c.test_y)] + ([len(c.val_y)] if data.has_val else [])
+        t.add_row(str(cid), *(str(int(v)) if v else "·" for v in row), *map(str, sizes))
     out_console.print(t)
     path = out or Path(f"partition-{data.partition_id}.png")
     if path.is_dir():

@@ -79,6 +79,9 @@ class DataConfig(_Section):
     num_clients: int = Field(20, gt=0)
     partition: dict[str, Any] = {"name": "dirichlet", "alpha": 0.1}
     test_fraction: float = Field(0.25, gt=0, lt=1)  # each client's local test split
+    # each client's local validation split: a share of its samples held out from training
+    # (what ``pflkit sweep --select val`` selects on); 0: none
+    val_fraction: float = Field(0.0, ge=0, lt=1)
     public: PublicConfig | None = None
     cache: bool = True  # cache partitions on disk, keyed by a hash of their parameters
     seed: int = Field(
@@ -89,6 +92,17 @@ class DataConfig(_Section):
     @classmethod
     def _has_name(cls, v: dict[str, Any]) -> dict[str, Any]:
         return _named(v, "{name: dirichlet, alpha: 0.1}")
+
+    @field_validator("val_fraction")
+    @classmethod
+    def _leaves_training_data(cls, v: float, info: Any) -> float:
+        test = info.data.get("test_fraction")
+        if test is not None and test + v >= 1:
+            raise ValueError(
+                f"data.test_fraction + data.val_fraction must be below 1 (got {test} + {v}), "
+                "to leave each client samples to train on: lower one of them"
+            )
+        return v
 
 
 class ArchSpec(_Section):
@@ -231,6 +245,22 @@ class CompareConfig(_Section):
     seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field([0, 1, 2], min_length=1)
 
 
+class SweepConfig(_Section):
+    """What ``pflkit sweep`` runs and reports (:mod:`pflkit.report.results`): ``grid`` maps a
+    config key to the values to try (``algorithm.<p>`` varies parameter ``p`` of the
+    algorithms that have it; ``compare.algorithms`` and ``compare.seeds`` say which
+    algorithms and seeds). ``select``: choose each algorithm's setting on the validation
+    split (``data.val_fraction`` > 0) or on test accuracy (labelled optimistic); ``metric``
+    and ``at`` say which number is compared and reported."""
+
+    grid: dict[str, Annotated[list[Any], Field(min_length=1)]] = {}
+    select: Literal["val", "test", "none"] = "val"
+    metric: Literal["pers_acc_mean", "pers_acc_weighted", "pers_acc_worst10", "global_acc"] = (
+        "pers_acc_mean"
+    )
+    at: Literal["last", "mean_last", "val_round"] = "last"
+
+
 class ExperimentConfig(_Section):
     name: str = "experiment"
     # modules that register user algorithms, models, datasets, partitioners (pflkit.plugins)
@@ -247,6 +277,7 @@ class ExperimentConfig(_Section):
     engine: EngineConfig = EngineConfig()
     output: OutputConfig = OutputConfig()
     compare: CompareConfig = CompareConfig()
+    sweep: SweepConfig = SweepConfig()
 
     @field_validator("algorithm")
     @classmethod

@@ -120,8 +120,8 @@ class Algorithm:
 
     def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:
         """The module that scores ``weights`` (what :meth:`personal_weights` or
-        :meth:`trained_weights` returned) on the client's local test split: by default the
-        client's model with ``weights`` loaded. An algorithm whose personalized model is more
+        :meth:`trained_weights` returned) on the client's local test (and validation) split:
+        by default the client's model with ``weights`` loaded. An algorithm whose personalized model is more
         than a :class:`~pflkit.models.PFLModel` (GPFL's conditional valve, FedRoD's two heads)
         builds it here from the same plain dict."""
         model = env.model()

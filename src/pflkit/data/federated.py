@@ -1,4 +1,5 @@
-"""FederatedDataset: a source split over clients, each with local train/test tensors.
+"""FederatedDataset: a source split over clients, each with local train/test (and validation)
+tensors.
 
 Built from a :class:`~pflkit.config.DataConfig`:
 
@@ -6,7 +7,9 @@ Built from a :class:`~pflkit.config.DataConfig`:
 2. optionally keep a random ``subset`` of the training set;
 3. partition the training set over ``num_clients`` clients (``data.partition``);
 4. split each client's samples at random into local train / local test
-   (``test_fraction`` of them, at least one, go to test);
+   (``test_fraction`` of them, at least one, go to test) and, with ``val_fraction`` > 0, local
+   validation (``val_fraction`` of them, at least one, drawn after the test part: the test split
+   is the one the same config without validation gets), the rest to train;
 5. keep the official test set whole as the global test set (sources without one, e.g. FEMNIST
    or the MNIST-5k subset, use the union of the clients' local test splits, as LEAF does);
 6. optionally draw a public set (``data.public``) from another source.
@@ -41,6 +44,8 @@ class ClientData:
     train_y: Tensor
     test_x: Tensor
     test_y: Tensor
+    val_x: Tensor | None = None  # the local validation split (data.val_fraction > 0)
+    val_y: Tensor | None = None
 
 
 @dataclass
@@ -56,10 +61,16 @@ class FederatedDataset:
     test_indices: list[np.ndarray]
     public_x: Tensor | None = None  # unlabelled public set, when configured
     class_names: list[str] | None = None  # the source's names of the classes, when it has them
+    val_indices: list[np.ndarray] | None = None  # per client, when data.val_fraction > 0
 
     @property
     def num_clients(self) -> int:
         return len(self.clients)
+
+    @property
+    def has_val(self) -> bool:
+        """Whether every client has a local validation split (``data.val_fraction`` > 0)."""
+        return bool(self.clients) and all(c.val_y is not None for c in self.clients)
 
     def to(self, device: str | torch.device) -> FederatedDataset:
         """The same dataset with every tensor on ``device`` (itself when they already are):
@@ -68,15 +79,19 @@ class FederatedDataset:
             return self
         # vars(), not dataclasses.astuple: astuple deep-copies every tensor before the move
         clients = [
-            ClientData(**{k: t.to(device) for k, t in vars(c).items()}) for c in self.clients
+            ClientData(**{k: None if t is None else t.to(device) for k, t in vars(c).items()})
+            for c in self.clients
         ]
         public = None if self.public_x is None else self.public_x.to(device)
         moved = {"test_x": self.test_x.to(device), "test_y": self.test_y.to(device)}
         return replace(self, clients=clients, public_x=public, **moved)
 
     def class_table(self, split: str = "train") -> np.ndarray:
-        """[num_clients, num_classes] sample counts of the local train (or test) splits."""
-        ys = [c.train_y if split == "train" else c.test_y for c in self.clients]
+        """[num_clients, num_classes] sample counts of the local ``train``, ``test`` or ``val``
+        splits."""
+        if split == "val" and not self.has_val:
+            raise PflkitError("this dataset has no validation split: set data.val_fraction > 0")
+        ys = [getattr(c, f"{split}_y") for c in self.clients]
         return class_table(torch.cat(ys).cpu().numpy(), _offsets_to_parts(ys), self.num_classes)
 
 
@@ -97,13 +112,16 @@ def partition_key(cfg: DataConfig, seed: int, num_train: int) -> str:
         "num_train": num_train,
         "version": 1,
     }
+    if cfg.val_fraction > 0:  # only then: every partition id without validation stays as it was
+        spec["val_fraction"] = cfg.val_fraction
     text = json.dumps(spec, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _split_clients(
     cfg: DataConfig, labels: np.ndarray, groups: np.ndarray | None, seed: int
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray] | None]:
+    """Per client: train, test and (``val_fraction`` > 0, else None) validation indices."""
     rng = np.random.default_rng([seed, 1])
     keep = np.arange(len(labels))
     if cfg.subset is not None and cfg.subset < len(labels):
@@ -117,25 +135,33 @@ def _split_clients(
         groups=None if groups is None else groups[keep],
         **params,
     )
-    train_idx, test_idx = [], []
+    val = cfg.val_fraction > 0
+    train_idx, test_idx, val_idx = [], [], []
     for cid, part in enumerate(parts):
-        if len(part) < 2:
-            raise PflkitError(
-                f"client {cid} got {len(part)} sample(s) from partitioner "
-                f"'{cfg.partition['name']}', too few for a train/test split: use fewer clients "
-                f"or a milder partition"
-            )
         idx = keep[rng.permutation(part)]
         n_test = max(int(cfg.test_fraction * len(idx)), 1)
+        n_val = max(int(cfg.val_fraction * len(idx)), 1) if val else 0
+        if len(idx) - n_test - n_val < 1:
+            split = "train/validation/test" if val else "train/test"
+            raise PflkitError(
+                f"client {cid} got {len(part)} sample(s) from partitioner "
+                f"'{cfg.partition['name']}', too few for a {split} split: use fewer clients "
+                f"or a milder partition"
+                + (", or lower data.test_fraction and data.val_fraction" if val else "")
+            )
         test_idx.append(np.sort(idx[:n_test]))
-        train_idx.append(np.sort(idx[n_test:]))
-    return train_idx, test_idx
+        val_idx.append(np.sort(idx[n_test : n_test + n_val]))
+        train_idx.append(np.sort(idx[n_test + n_val :]))
+    return train_idx, test_idx, val_idx if val else None
 
 
-def _valid_split(tr: list, te: list, num_clients: int, num_samples: int) -> bool:
+def _valid_split(tr: list, te: list, va: list | None, num_clients: int, num_samples: int) -> bool:
     """A cached split is used only if it has the configured client count, every client a
-    train and a test part, integer indices in range, and no sample twice."""
-    parts = [*tr, *te]
+    train and a test part (and a validation part when ``va`` is given), integer indices in
+    range, and no sample twice."""
+    parts = [*tr, *te, *(va or [])]
+    if va is not None and len(va) != num_clients:
+        return False
     if len(tr) != num_clients or any(len(p) == 0 for p in parts):
         return False
     if any(p.dtype.kind not in "iu" for p in parts):
@@ -145,6 +171,8 @@ def _valid_split(tr: list, te: list, num_clients: int, num_samples: int) -> bool
 
 
 def _cached_split(cfg, labels, groups, seed, cache_dir: Path | None):
+    """(partition id, train, test, validation indices or None), from the cache when it holds
+    a valid split (a file without ``va{i}`` arrays is no split with validation)."""
     key = partition_key(cfg, seed, len(labels))
     path = cache_dir / f"{key}.npz" if cache_dir else None
     if path and path.exists():
@@ -152,14 +180,16 @@ def _cached_split(cfg, labels, groups, seed, cache_dir: Path | None):
             with np.load(path) as z:
                 n = int(z["num_clients"])
                 tr, te = [z[f"tr{i}"] for i in range(n)], [z[f"te{i}"] for i in range(n)]
-            if _valid_split(tr, te, cfg.num_clients, len(labels)):
-                return key, tr, te
+                va = [z[f"va{i}"] for i in range(n)] if cfg.val_fraction > 0 else None
+            if _valid_split(tr, te, va, cfg.num_clients, len(labels)):
+                return key, tr, te, va
         except (OSError, KeyError, ValueError):
             pass  # unreadable or wrong cache entry: recompute and overwrite it
-    train_idx, test_idx = _split_clients(cfg, labels, groups, seed)
+    train_idx, test_idx, val_idx = _split_clients(cfg, labels, groups, seed)
     if path:
         arrays = {f"tr{i}": a for i, a in enumerate(train_idx)}
         arrays |= {f"te{i}": a for i, a in enumerate(test_idx)}
+        arrays |= {f"va{i}": a for i, a in enumerate(val_idx or [])}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
@@ -168,7 +198,7 @@ def _cached_split(cfg, labels, groups, seed, cache_dir: Path | None):
             os.replace(tmp, path)
         except OSError:
             pass  # caching is an optimisation; a read-only data dir must not fail the run
-    return key, train_idx, test_idx
+    return key, train_idx, test_idx, val_idx
 
 
 def build_federated(cfg: DataConfig) -> FederatedDataset:
@@ -178,12 +208,17 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
     src = load_source(cfg.dataset, root, download=cfg.download, **cfg.options)
     labels = src.train_y.numpy()
     cache_dir = root / "partitions" if cfg.cache else None
-    key, train_idx, test_idx = _cached_split(cfg, labels, src.train_groups, seed, cache_dir)
+    key, train_idx, test_idx, val_idx = _cached_split(
+        cfg, labels, src.train_groups, seed, cache_dir
+    )
 
     clients = [
         ClientData(src.train_x[tr], src.train_y[tr], src.train_x[te], src.train_y[te])
         for tr, te in zip(train_idx, test_idx, strict=True)
     ]
+    if val_idx is not None:
+        for c, va in zip(clients, val_idx, strict=True):
+            c.val_x, c.val_y = src.train_x[va], src.train_y[va]
     if src.test_x is not None:
         test_x, test_y = src.test_x, src.test_y
     else:
@@ -206,6 +241,7 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
         test_indices=test_idx,
         public_x=public_x,
         class_names=src.class_names,
+        val_indices=val_idx,
     )
 
 

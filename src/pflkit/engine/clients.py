@@ -138,12 +138,12 @@ def _finite(obj: Any) -> bool:
     return True
 
 
-def local_test_accuracy(algo: Algorithm, env: ClientEnv, weights, batch_size: int) -> float:
-    """Accuracy of ``weights`` on the client's local test split, scored by the algorithm's
-    :meth:`~pflkit.algorithms.Algorithm.scoring_model` (default: the client's model)."""
-    model = algo.scoring_model(env, weights)
-    hits = int((predict(model, env.data.test_x, batch_size).argmax(1) == env.data.test_y).sum())
-    return hits / max(len(env.data.test_y), 1)
+def split_accuracy(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> float:
+    """Accuracy of ``model`` on one of the client's local splits (``x``, ``y``)."""
+    hits = int((predict(model, x, batch_size).argmax(1) == y).sum())
+    return hits / max(len(y), 1)
 
 
 def evaluate_client(
@@ -155,9 +155,12 @@ def evaluate_client(
     state: State,
     batch_size: int,
     upload: Upload | None = None,
-) -> float:
-    """The client's accuracy on its local test split: its personalized model
-    (``personal_weights``), or with ``upload`` MAP's protocol (``trained_weights``). A client
+) -> dict[str, float]:
+    """The client's accuracy on its local test split (``"test"``) and, when it has one
+    (``data.val_fraction``), on its local validation split (``"val"``): one set of weights,
+    its personalized model (``personal_weights``) or with ``upload`` MAP's protocol
+    (``trained_weights``), scored on both by the algorithm's
+    :meth:`~pflkit.algorithms.Algorithm.scoring_model` (default: the client's model). A client
     whose personalized model is the global model is scored with ``view["weights"]``."""
     seed_eval(seed, rnd, env.cid, selected=upload is not None)
     with round_optim(env, rnd):  # personal_weights may train (FedAvg-FT's fine-tuning)
@@ -171,7 +174,11 @@ def evaluate_client(
                     f"{algo.name}: personal_weights returned None but there is no global model"
                 )
             weights = view["weights"]
-    return local_test_accuracy(algo, env, weights, batch_size)
+    model, d = algo.scoring_model(env, weights), env.data
+    acc = {"test": split_accuracy(model, d.test_x, d.test_y, batch_size)}
+    if d.val_y is not None:
+        acc["val"] = split_accuracy(model, d.val_x, d.val_y, batch_size)
+    return acc
 
 
 # -- runners --------------------------------------------------------------------------------------------
@@ -198,11 +205,11 @@ class ClientRunner:
         views: dict[int, Payload],
         uploads: dict[int, Upload] | None = None,
         meanwhile: Callable[[], None] | None = None,
-    ) -> dict[int, float]:
-        """Each client's accuracy on its local test split, from the server's ``views``.
-        ``uploads``: MAP's protocol, the round's last uploads. ``meanwhile`` is server work
-        (scoring the global model) that runs while the clients evaluate, where they run
-        elsewhere."""
+    ) -> dict[int, dict[str, float]]:
+        """Each client's accuracies (:func:`evaluate_client`: ``"test"``, and ``"val"`` with a
+        validation split), from the server's ``views``. ``uploads``: MAP's protocol, the
+        round's last uploads. ``meanwhile`` is server work (scoring the global model) that
+        runs while the clients evaluate, where they run elsewhere."""
         raise NotImplementedError
 
     def row_extras(self, row: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,15 @@
-"""``pflkit compare``: several algorithms on the same partition and client-sampling sequence,
-over several training seeds; a markdown table (mean ± std over seeds, last round) and curves.
+"""``pflkit compare`` and ``pflkit sweep``: several settings (algorithms; in a sweep, every
+point of a grid for each) on the same partition and client-sampling sequence, over several
+training seeds; tables (mean ± std over seeds, :mod:`pflkit.report.results`) and curves.
 
 Output folder::
 
     <out>/compare.yaml         the config the compare was started with (its identity)
-    <out>/<label>-s<seed>/     one run folder per algorithm and seed
-    <out>/results.md           the table
-    <out>/results.json         the same numbers, machine-readable
+    <out>/plan.json            its settings, their run folders, the report options
+    <out>/<label>-s<seed>/     one run folder per setting and seed
+    <out>/results.md           the tables (results.tex: the same in LaTeX)
+    <out>/results.csv          every run's numbers, one line per run
+    <out>/results.json         the tables' numbers, machine-readable
     <out>/accuracy.png         personalized (and global) accuracy curves, mean and band over seeds
 
 Resumable: running the same compare into the same folder again skips every finished run
@@ -19,33 +22,28 @@ thread count.
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from pflkit.algorithms.base import resolve_params
-from pflkit.config import ExperimentConfig, validate
+from pflkit.config import ExperimentConfig, apply_overrides, validate
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.folder import make_folder, write_atomic
-from pflkit.engine.runner import RunResult, run_experiment
+from pflkit.engine.runner import run_experiment
 from pflkit.errors import PflkitError, RunInterrupted
-from pflkit.report.summary import read_metrics
+from pflkit.report.results import PLAN, build_report, find_settings
 
 MANIFEST = "compare.yaml"
 # keys that may differ when a compare is continued: they do not change a run's numbers
-_FREE = ("engine", "output", "threads", "compare")
-
-COLUMNS = [
-    ("pers_acc_mean", "personalized acc (%)"),
-    ("pers_acc_weighted", "weighted (%)"),
-    ("pers_acc_worst10", "worst 10% (%)"),
-    ("global_acc", "global acc (%)"),
-]
+_FREE = ("engine", "output", "threads", "compare", "sweep")
+# a setting: its label, its algorithm entry, its other config overrides (key=value)
+Planned = tuple[str, dict[str, Any], list[str]]
 
 
 def _label(algo: dict[str, Any]) -> str:
@@ -70,13 +68,6 @@ def _normalise(
             f"compare lists the same algorithm twice ({labels}): remove the duplicate"
         )
     return out
-
-
-def _fmt(values: list[float]) -> str:
-    if not values:
-        return "–"
-    v = 100 * np.asarray(values)
-    return f"{v.mean():.2f} ± {v.std():.2f}"
 
 
 def _claim(out: Path, cfg: ExperimentConfig) -> None:
@@ -118,17 +109,15 @@ def _job(cfg_json: dict[str, Any], folder: str) -> str:
     return Path(folder).name
 
 
-def _load(folder: Path) -> RunResult:
-    summary = json.loads((folder / "summary.json").read_text())
-    return RunResult(folder, summary, read_metrics(folder / "metrics.jsonl"))
-
-
-def _run_all(tasks: list[tuple[ExperimentConfig, Path]], cfg, jobs: int, progress) -> None:
+def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) -> None:
     todo = [(c, f) for c, f in tasks if not (f / "summary.json").exists()]
     if jobs == 1:
-        data = build_federated(cfg.data) if todo else None  # one partition for every run
+        datasets: dict[str, FederatedDataset] = {}  # one per data config (a sweep may vary it)
         for run_cfg, folder in todo:
-            _run_one(run_cfg, folder, data, progress)
+            key = run_cfg.data.model_dump_json()
+            if key not in datasets:
+                datasets[key] = build_federated(run_cfg.data)
+            _run_one(run_cfg, folder, datasets[key], progress)
         return
     from rich.console import Console
 
@@ -160,99 +149,109 @@ def _run_all(tasks: list[tuple[ExperimentConfig, Path]], cfg, jobs: int, progres
             raise
 
 
+def _task(cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int):
+    """The config of one run: ``cfg`` with ``algo``, the setting's overrides and ``seed``."""
+    raw = cfg.dump() | {"algorithm": algo, "seed": seed}
+    return validate(apply_overrides(raw, sets)) if sets else validate(raw)
+
+
+def compare_plan(cfg: ExperimentConfig) -> list[Planned]:
+    """``compare``'s settings: each algorithm of ``compare.algorithms`` as it is."""
+    return [(_label(a), a, []) for a in _normalise(cfg.compare.algorithms, cfg.train.weighting)]
+
+
+def sweep_plan(cfg: ExperimentConfig) -> list[Planned]:
+    """``sweep``'s settings: for each algorithm of ``compare.algorithms``, every point of
+    ``sweep.grid``. A grid key ``algorithm.<p>`` varies parameter ``p`` of the algorithms that
+    have one (the others do not repeat over it); any other key applies to every algorithm."""
+    grid = cfg.sweep.grid
+    if not grid:
+        raise PflkitError('a sweep needs a grid: --grid "train.lr=[0.01,0.05]" or sweep.grid')
+    algorithms = _normalise(cfg.compare.algorithms, cfg.train.weighting)
+    full = [resolve_params(a, cfg.train.weighting) for a in algorithms]
+    for key in grid:
+        top = key.split(".")[0]
+        if key in ("seed", "algorithm", "algorithm.name") or top in ("compare", "sweep"):
+            raise PflkitError(
+                f"sweep grid key '{key}' cannot be swept: list algorithms with --algorithms "
+                "and seeds with --seeds"
+            )
+        param = key.removeprefix("algorithm.")
+        if key.startswith("algorithm.") and not any(param in f for f in full):
+            names = ", ".join(a["name"] for a in algorithms)
+            raise PflkitError(
+                f"sweep grid key '{key}': none of the algorithms ({names}) has a parameter "
+                f"'{param}': check its spelling (pflkit list --params NAME shows them)"
+            )
+    plan = []
+    for algo, params in zip(algorithms, full, strict=True):
+        axes = {k: v for k, v in grid.items() if not k.startswith("algorithm.") or k[10:] in params}
+        for point in itertools.product(*axes.values()):
+            chosen = dict(zip(axes, point, strict=True))
+            entry = algo | {k[10:]: v for k, v in chosen.items() if k.startswith("algorithm.")}
+            rest = {k: v for k, v in chosen.items() if not k.startswith("algorithm.")}
+            sets = [f"{k}={json.dumps(v)}" for k, v in rest.items()]
+            tag = "[" + ",".join(f"{k}={v}" for k, v in rest.items()) + "]" if rest else ""
+            plan.append((_label(entry) + tag, entry, sets))
+    labels = [p[0] for p in plan]
+    if len(set(labels)) != len(labels):
+        raise PflkitError("the sweep grid lists a value twice: remove the duplicate")
+    return plan
+
+
 def run_compare(
-    cfg: ExperimentConfig, out: str | Path, progress: bool | None = None, jobs: int = 1
+    cfg: ExperimentConfig,
+    out: str | Path,
+    progress: bool | None = None,
+    jobs: int = 1,
+    plan: list[Planned] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Run every setting of ``plan`` (default: :func:`compare_plan`) over ``compare.seeds``
+    into ``out`` and write its report (:mod:`pflkit.report.results`; ``options``: its
+    ``at``, ``metric`` and ``select``)."""
     out = Path(out)
     if jobs < 1:
         raise PflkitError(f"jobs must be at least 1 (got {jobs}): pass --jobs 1 or more")
-    algorithms = _normalise(cfg.compare.algorithms, cfg.train.weighting)
+    plan = compare_plan(cfg) if plan is None else plan
+    options = options or {}
     seeds = cfg.compare.seeds
-    _claim(out, cfg)
+    folder = {label: label.replace("/", "_") for label, _, _ in plan}
     tasks = [
-        (
-            cfg.model_copy(
-                update={"algorithm": resolve_params(a, cfg.train.weighting), "seed": seed}
-            ),
-            out / f"{_label(a)}-s{seed}",
-        )
-        for a in algorithms
+        (_task(cfg, algo, sets, seed), out / f"{folder[label]}-s{seed}")
+        for label, algo, sets in plan
         for seed in seeds
+    ]  # every config is checked before anything runs
+    _claim(out, cfg)
+    settings = [
+        {"label": label, "folders": [f"{folder[label]}-s{seed}" for seed in seeds]}
+        for label, _, _ in plan
     ]
+    write_atomic(out / PLAN, json.dumps({"settings": settings, "options": options}, indent=1))
     try:
-        _run_all(tasks, cfg, jobs, progress)
+        _run_all(tasks, jobs, progress)
     except (KeyboardInterrupt, RunInterrupted):
         raise RunInterrupted(
-            f"compare interrupted: run the same command with --out {out} to continue it "
+            f"interrupted: run the same command with --out {out} to continue it "
             "(finished runs are kept, interrupted ones resume from their checkpoints)"
         ) from None
-
-    results: dict[str, dict[str, Any]] = {}
-    partition_id = ""
-    for algo in algorithms:
-        label = _label(algo)
-        runs = [_load(out / f"{label}-s{seed}") for seed in seeds]
-        partition_id = runs[0].summary.get("partition_id", "")
-        finals = [r.summary.get("final", {}) for r in runs]
-        comm = [r.summary["comm"] for r in runs]
-        results[label] = {
-            "final": {k: [f[k] for f in finals if k in f] for k, _ in COLUMNS},
-            "bytes_per_client_round": float(
-                np.mean(
-                    [
-                        c["bytes_down_per_client_round"] + c["bytes_up_per_client_round"]
-                        for c in comm
-                    ]
-                )
-            ),
-            "seconds_per_round": float(
-                np.mean(
-                    [
-                        r.summary["seconds"]["train_per_round"]
-                        + r.summary["seconds"]["eval_per_round"]
-                        for r in runs
-                    ]
-                )
-            ),
-            "curves": {
-                k: [
-                    (
-                        np.array([row["round"] for row in r.rows if k in row]),
-                        np.array([row[k] for row in r.rows if k in row]),
-                    )
-                    for r in runs
-                ]
-                for k in ("pers_acc_mean", "global_acc")
-            },
-        }
-
-    table = _markdown(cfg, results, seeds, partition_id)
-    (out / "results.md").write_text(table)
-    serial = {lab: {k: v for k, v in r.items() if k != "curves"} for lab, r in results.items()}
-    (out / "results.json").write_text(json.dumps(serial, indent=2) + "\n")
-    from pflkit.report.plots import plot_compare, setting_title
-
-    curves = {
-        lab: {"personalized": r["curves"]["pers_acc_mean"], "global": r["curves"]["global_acc"]}
-        for lab, r in results.items()
-    }
-    plot_compare(curves, out / "accuracy.png", title=setting_title(cfg, seeds))
-    return {"table": table, "results": serial, "out": out}
+    found, _ = find_settings([out])
+    report = build_report(found, **options)
+    report.write(out)
+    return {"table": report.markdown(), "results": report.numbers, "out": out}
 
 
-def _markdown(cfg: ExperimentConfig, results: dict[str, Any], seeds: list[int], pid: str) -> str:
-    d, t = cfg.data, cfg.train
-    head = (
-        f"# {cfg.name}\n\n"
-        f"{d.dataset}, {d.num_clients} clients, partition {d.partition} (id {pid}), "
-        f"model {cfg.model.name}, {t.rounds} rounds, client fraction {t.client_fraction}, "
-        f"{t.local_epochs} local epoch(s), batch {t.batch_size}, lr {t.lr}; "
-        f"seeds {seeds}. Last-round accuracy, mean ± std over seeds.\n\n"
-    )
-    cols = [c for _, c in COLUMNS] + ["KB / client / round", "s / round"]
-    lines = ["| algorithm | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
-    for label, r in results.items():
-        cells = [_fmt(r["final"][k]) for k, _ in COLUMNS]
-        cells += [f"{r['bytes_per_client_round'] / 1024:.1f}", f"{r['seconds_per_round']:.2f}"]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
+def run_sweep(
+    cfg: ExperimentConfig, out: str | Path, progress: bool | None = None, jobs: int = 1
+) -> dict[str, Any]:
+    """``pflkit sweep``: every point of ``cfg.sweep.grid`` for each algorithm over
+    ``compare.seeds`` (:func:`sweep_plan`), reported with ``cfg.sweep``'s options."""
+    sw, plan = cfg.sweep, sweep_plan(cfg)
+    if sw.select == "val" and cfg.data.val_fraction == 0:
+        raise PflkitError(
+            "the sweep selects on validation but the config has no validation split: set "
+            "data.val_fraction (e.g. --set data.val_fraction=0.1), or select on test "
+            "(--select test, reported as optimistic) or not at all (--select none)"
+        )
+    options = {"at": sw.at, "metric": sw.metric, "select": sw.select}
+    return run_compare(cfg, out, progress, jobs, plan=plan, options=options)

@@ -10,7 +10,8 @@ Per round ``r`` (1-based):
    (seed, round, phase));
 3. evaluate on the schedule (``eval.every`` and always the last round): the global model on the
    global test set here, and, at the same time, every client's personalized model through the
-   runner, from the view ``eval_view`` gives it;
+   runner, from the view ``eval_view`` gives it; with a validation split (``data.val_fraction``)
+   both are also scored on validation data (``val_*`` metrics);
 4. return one metrics row (the run loop appends it to ``metrics.jsonl`` and checkpoints).
 
 A client whose work fails (Flower) is listed in ``failed_clients`` and left out of that round's
@@ -39,7 +40,7 @@ from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import ClientRunner, init_client, make_runner, seed_torch, system_draw
 from pflkit.errors import PflkitError
-from pflkit.eval import global_metrics, personal_metrics
+from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
 
 
 def sample_clients(seed: int, rnd: int, num_clients: int, fraction: float) -> list[int]:
@@ -73,6 +74,12 @@ class Simulation:
         self.runner = runner if runner is not None else make_runner(cfg)
         data = data if data is not None else build_federated(cfg.data)
         self.data = data.to(resolve_device(cfg.device))  # once, for the whole run
+        # the union of the clients' validation splits, where the global model is scored
+        self.val_xy: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.data.has_val:
+            clients = self.data.clients
+            val_x = torch.cat([c.val_x for c in clients])
+            self.val_xy = (val_x, torch.cat([c.val_y for c in clients]))
         self.senv, self.envs = make_envs(cfg, self.data)
         self.algo = build_algorithm(cfg.algorithm)
         self.algo.check(self.senv)
@@ -177,7 +184,8 @@ class Simulation:
     def evaluate(self, rnd: int, uploads: dict[int, Upload]) -> dict[str, Any]:
         """The evaluation fields of round ``rnd``'s row (``uploads``: the round's last ones).
         The server scores the global model on the global test set while the runner has every
-        client score its personalized model on its local test split."""
+        client score its personalized model on its local test split; with a validation split,
+        both also on validation data (the ``val_*`` fields)."""
         cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
         row: dict[str, Any] = {}
         gw = algo.global_weights(senv, self.server)
@@ -186,15 +194,20 @@ class Simulation:
             if cfg.eval.global_model and gw is not None:
                 model = senv.model(slot="eval_global")
                 row.update(global_metrics(model, gw, data, cfg.eval.batch_size))
+                if self.val_xy is not None:
+                    row.update(global_val_metrics(model, gw, *self.val_xy, cfg.eval.batch_size))
 
         n = data.num_clients
         views = {cid: algo.eval_view(senv, self.server, cid) for cid in range(n)}
         acc = self.runner.evaluate(rnd, views, meanwhile=score_global)
         counts = np.array([len(c.test_y) for c in data.clients], dtype=float)
-        row.update(personal_metrics(acc, n, counts))
+        row.update(personal_metrics({cid: a["test"] for cid, a in acc.items()}, n, counts))
+        if self.val_xy is not None:
+            val_counts = np.array([len(c.val_y) for c in data.clients], dtype=float)
+            row.update(val_metrics({cid: a["val"] for cid, a in acc.items()}, val_counts))
         if cfg.eval.selected_clients and uploads:
             sel = self.runner.evaluate(rnd, {cid: views[cid] for cid in uploads}, uploads)
-            row["pers_acc_selected"] = float(np.mean(list(sel.values())))
+            row["pers_acc_selected"] = float(np.mean([a["test"] for a in sel.values()]))
         missing = sorted(set(range(n)) - set(acc))
         if missing:
             row["eval_failed_clients"] = missing

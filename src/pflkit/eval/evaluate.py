@@ -5,6 +5,10 @@
 - **Personalized accuracy**: every client's personalized model on its own local test split,
   summarised as the unweighted mean over clients, the sample-weighted mean, the std across
   clients and the mean of the worst 10% of clients (at least one client).
+- **Validation accuracy** (``data.val_fraction`` > 0): the same two on validation data, for
+  choosing hyper-parameters without looking at test accuracy: every client's personalized model
+  on its own local validation split (``val_pers_acc_*``, the same summary) and the server's
+  model on the union of the clients' validation splits (``val_global_acc``).
 
 Each model is evaluated forward-only, in large batches. A client's own evaluation is
 :func:`pflkit.engine.clients.evaluate_client`, which every runner executes where the client
@@ -17,7 +21,7 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
-from torch import nn
+from torch import Tensor, nn
 
 from pflkit.algorithms.blocks.training import accuracy_and_loss, predict, set_weights
 
@@ -40,6 +44,16 @@ def global_metrics(model: nn.Module, weights, data, batch_size: int) -> dict[str
     return {"global_acc": float(correct.float().mean()), "global_loss": float(loss.mean())}
 
 
+def global_val_metrics(
+    model: nn.Module, weights, val_x: Tensor, val_y: Tensor, batch_size: int
+) -> dict[str, float]:
+    """The server's model on validation data: ``val_x``, ``val_y``, the union of the clients'
+    local validation splits."""
+    set_weights(model, weights)
+    correct = predict(model, val_x, batch_size).argmax(1) == val_y
+    return {"val_global_acc": float(correct.float().mean())}
+
+
 def personal_metrics(acc: Mapping[int, float], num_clients: int, counts: np.ndarray):
     """Summary of the per-client accuracies ``acc`` (clients missing from it, e.g. on a failed
     Flower node, are left out of the summary and reported as null)."""
@@ -47,3 +61,12 @@ def personal_metrics(acc: Mapping[int, float], num_clients: int, counts: np.ndar
     out: dict = summarize_clients(np.array([acc[c] for c in cids]), counts[cids])
     out["pers_acc_clients"] = [acc.get(c) for c in range(num_clients)]
     return out
+
+
+def val_metrics(acc: Mapping[int, float], counts: np.ndarray) -> dict[str, float]:
+    """:func:`summarize_clients` of the per-client validation accuracies ``acc`` (``counts``:
+    every client's validation samples; clients missing from ``acc`` are left out), its keys
+    prefixed with ``val_``."""
+    cids = sorted(acc)
+    summary = summarize_clients(np.array([acc[c] for c in cids]), counts[cids])
+    return {f"val_{k}": v for k, v in summary.items()}

@@ -12,7 +12,8 @@ Message types (the server side is :mod:`pflkit.flower.server`):
 - ``train``: seed torch exactly as the embedded engine does, run ``client_update`` on the
   payload, keep the new state, reply with the upload and the metrics;
 - ``evaluate``: score the client's personalized model (``personal``) or, for MAP's protocol,
-  its model right after this round's local training (``selected``) on its local test split.
+  its model right after this round's local training (``selected``) on its local test split
+  (and validation split, ``data.val_fraction``); reply with ``{"test": ..., "val": ...}``.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     acc = evaluate_client(
         w.algo, w.envs[cid], w.cfg.seed, rnd, view, state, w.cfg.eval.batch_size, upload
     )
-    return _reply(msg, accuracy=acc)
+    return _reply(msg, accuracy=acc)  # {"test": ..., "val": ...}: split -> accuracy
 
 
 def info_record(config_text: str, **values: Any) -> ConfigRecord:

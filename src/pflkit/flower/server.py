@@ -168,7 +168,8 @@ class FlowerRunner(ClientRunner):
     def evaluate(self, rnd, views, uploads=None, meanwhile=None):
         """Each node scores its clients itself (a client whose personalized model is the
         global model is scored with the view's global weights); MAP's protocol uses the
-        upload each node kept from the round's training."""
+        upload each node kept from the round's training. Per client: its accuracy per split
+        (``"test"``, and ``"val"`` with a validation split)."""
         if meanwhile is not None:
             meanwhile()
         mode = "personal" if uploads is None else "selected"

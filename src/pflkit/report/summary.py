@@ -1,5 +1,6 @@
-"""Run summaries: the last-round numbers (the reported result), labelled best-on-test numbers,
-communication totals and timing, all derived from the rows of ``metrics.jsonl``."""
+"""Run summaries: the last-round numbers (the reported result), the mean over the last rounds,
+the round chosen on validation, labelled best-on-test numbers, communication totals and
+timing, all derived from the rows of ``metrics.jsonl``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ ACC_KEYS = (
     "pers_acc_worst10",
     "pers_acc_selected",
 )
+# a run with a validation split (data.val_fraction) records these too: "val_" + a test metric
+VAL_KEYS = tuple(f"val_{k}" for k in ACC_KEYS if k != "pers_acc_selected")
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -31,20 +34,33 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 def summarize(rows: list[dict[str, Any]], last: int = 0) -> dict[str, Any]:
     """Summary of one run. ``final`` is the last evaluated round (what papers should report);
     ``mean_last`` (when ``last`` > 0, ``eval.last``) the mean over the evaluated rounds among the
-    last ``last`` rounds; ``best_on_test`` picks the best round *on the test data* and is
-    labelled as such."""
+    last ``last`` rounds; ``val_round`` (runs with a validation split), for each test metric
+    with a validation twin, the evaluated round with the highest validation value (the first on
+    ties) and the test value there; ``best_on_test`` picks the best round *on the test data*
+    and is labelled as such."""
     evaluated = [r for r in rows if "pers_acc_mean" in r]
     out: dict[str, Any] = {"rounds": rows[-1]["round"] if rows else 0}
     if evaluated:
         last_row = evaluated[-1]
-        out["final"] = {"round": last_row["round"]} | {
-            k: last_row[k] for k in ACC_KEYS if k in last_row
-        }
+        keys = [k for k in (*ACC_KEYS, *VAL_KEYS) if k in last_row]
+        out["final"] = {"round": last_row["round"]} | {k: last_row[k] for k in keys}
         if last:
             window = [r for r in evaluated if r["round"] > out["rounds"] - last]
             out["mean_last"] = {"rounds": [window[0]["round"], window[-1]["round"]]} | {
-                k: float(np.mean([r[k] for r in window])) for k in ACC_KEYS if k in last_row
+                k: float(np.mean([r[k] for r in window])) for k in keys
             }
+        val_round = {}
+        for k in ACC_KEYS:
+            scored = [r for r in evaluated if f"val_{k}" in r and k in r]
+            if scored:
+                chosen = max(scored, key=lambda r, k=k: r[f"val_{k}"])  # the first of the best
+                val_round[k] = {
+                    "round": chosen["round"],
+                    "value": chosen[k],
+                    "val": chosen[f"val_{k}"],
+                }
+        if val_round:
+            out["val_round"] = val_round
         out["best_on_test"] = {
             k: {
                 "value": max(r[k] for r in evaluated),

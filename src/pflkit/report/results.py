@@ -1,0 +1,457 @@
+"""Finished runs, grouped into settings, as tables: what ``pflkit compare``, ``pflkit sweep``
+and ``pflkit report`` write, and :func:`load_runs`'s DataFrame.
+
+A *setting* is one algorithm with its parameters (in a sweep, one point of the grid) run over
+several seeds; its label names it and its run folders are ``<label>-s<seed>``. A compare or
+sweep folder lists its settings in ``plan.json``, so a report of the folder shows exactly
+the table the command wrote.
+
+Which number of a run is reported (``at``):
+
+- ``last``: the last evaluated round (the default; what papers should report);
+- ``mean_last``: the mean over the evaluated rounds among the last ``eval.last`` rounds;
+- ``val_round``: the round whose validation value of the metric is highest (runs with a
+  validation split, ``data.val_fraction``); each metric at the round its own validation twin
+  chooses (``summary.json``'s ``val_round``).
+
+Selection (a sweep's second table): for each algorithm, the setting whose mean over seeds of the
+metric's *validation* twin (``val_`` + metric, at the same ``at``) is highest is chosen, and its
+test number is reported. :func:`choose` is given the validation numbers only. The setting that
+is best on the test numbers is shown next to it, labelled as such: it is what most papers
+report, and it overstates accuracy.
+
+Significance: the p-value of a two-sided paired t-test over seeds of each setting against the
+table's best one (same seed, same partition and client sampling: the runs pair).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from pflkit.errors import PflkitError
+from pflkit.report.summary import read_metrics
+
+PLAN = "plan.json"
+AT = ("last", "mean_last", "val_round")
+At = Literal["last", "mean_last", "val_round"]
+Select = Literal["val", "test", "none"]
+METRICS = {
+    "pers_acc_mean": "personalized acc (%)",
+    "pers_acc_weighted": "weighted (%)",
+    "pers_acc_worst10": "worst 10% (%)",
+    "global_acc": "global acc (%)",
+}
+_AT_TEXT = {
+    "last": "Last-round accuracy",
+    "mean_last": "Accuracy averaged over the last evaluated rounds",
+    "val_round": "Accuracy at the round chosen on validation",
+}
+
+
+@dataclass
+class Run:
+    """One finished run folder."""
+
+    folder: Path
+    label: str
+    seed: int
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    _rows: list[dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def algorithm(self) -> str:
+        return self.summary.get("algorithm") or self.config["algorithm"]["name"]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The run's metrics rows (read on first use)."""
+        if self._rows is None:
+            self._rows = read_metrics(self.folder / "metrics.jsonl")
+        return self._rows
+
+
+@dataclass
+class Setting:
+    label: str
+    runs: list[Run]
+
+    @property
+    def algorithm(self) -> str:
+        return self.runs[0].algorithm
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.seed for r in self.runs]
+
+
+def load_run(folder: str | Path, label: str | None = None) -> Run:
+    """A finished run folder; its label is the folder name without ``-s<seed>``."""
+    folder = Path(folder)
+    if not (folder / "summary.json").is_file():
+        what = (
+            f"has not finished: finish it with pflkit run --resume {folder}"
+            if (folder / "config.yaml").exists()
+            else "is not a pflkit run folder"
+        )
+        raise PflkitError(f"'{folder}' {what} (no summary.json), or leave it out")
+    import yaml
+
+    summary = json.loads((folder / "summary.json").read_text())
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    seed = int(summary.get("seed", config.get("seed", 0)))
+    if label is None:
+        label = re.sub(rf"-s{seed}$", "", folder.name)
+    return Run(folder, label, seed, config, summary)
+
+
+def find_settings(paths: list[str | Path]) -> tuple[list[Setting], dict[str, Any]]:
+    """The settings of ``paths`` (run folders, or compare / sweep folders, read through their
+    plan) in order, with the options of the last plan read (``{}`` if none)."""
+    runs: list[Run] = []
+    options: dict[str, Any] = {}
+    for path in map(Path, paths):
+        if (path / PLAN).is_file():
+            plan = json.loads((path / PLAN).read_text())
+            options = plan.get("options", {})
+            for s in plan["settings"]:
+                runs += [load_run(path / f, s["label"]) for f in s["folders"]]
+        elif (path / "config.yaml").exists() or (path / "summary.json").exists():
+            runs.append(load_run(path))
+        elif path.is_dir() and any((p / "config.yaml").exists() for p in path.iterdir()):
+            runs += [load_run(p) for p in sorted(path.iterdir()) if (p / "config.yaml").exists()]
+        else:
+            raise PflkitError(
+                f"'{path}' is neither a run folder nor a folder of runs: give run folders "
+                "(with summary.json) or compare / sweep folders"
+            )
+    if not runs:
+        raise PflkitError("no runs to report: give run folders or compare / sweep folders")
+    settings: dict[str, Setting] = {}
+    for run in runs:
+        s = settings.setdefault(run.label, Setting(run.label, []))
+        if run.seed in s.seeds:
+            raise PflkitError(
+                f"two runs of '{run.label}' with seed {run.seed} ({s.runs[s.seeds.index(run.seed)].folder} "
+                f"and {run.folder}): leave one of them out"
+            )
+        s.runs.append(run)
+    for s in settings.values():
+        s.runs.sort(key=lambda r: r.seed)
+    return list(settings.values()), options
+
+
+# -- numbers ---------------------------------------------------------------------------------------
+
+
+def value(run: Run, metric: str, at: At = "last", val: bool = False) -> float | None:
+    """The run's ``metric`` (its validation twin with ``val``) reported ``at``; None when the
+    run does not record it (e.g. no global model)."""
+    s = run.summary
+    if at == "val_round":
+        if "val_round" not in s:
+            raise PflkitError(
+                f"--at val_round needs runs with a validation split; '{run.folder}' has none: "
+                "run with data.val_fraction > 0 (e.g. 0.1)"
+            )
+        entry = s["val_round"].get(metric)
+        return None if entry is None else entry["val" if val else "value"]
+    if at == "mean_last" and "mean_last" not in s:
+        raise PflkitError(
+            f"--at mean_last needs runs with eval.last > 0; '{run.folder}' has none: "
+            "rerun with eval.last set (e.g. 10), or report --at last"
+        )
+    key = f"val_{metric}" if val else metric
+    return s.get("final" if at == "last" else at, {}).get(key)
+
+
+def values(setting: Setting, metric: str, at: At = "last", val: bool = False) -> dict[int, float]:
+    """Seed -> the number, for the runs that record it."""
+    out = {r.seed: value(r, metric, at, val) for r in setting.runs}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def paired_p(a: dict[int, float], b: dict[int, float]) -> float | None:
+    """Two-sided paired t-test p-value of ``a`` vs ``b`` over their common seeds; None with
+    fewer than two. Differences all equal: 1 when they are 0, else 0 (t is infinite)."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    d = np.array([a[s] - b[s] for s in seeds])
+    if np.all(d == d[0]):
+        return 1.0 if d[0] == 0 else 0.0
+    from scipy import stats
+
+    return float(stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue)
+
+
+def choose(val_scores: dict[str, float]) -> str:
+    """The label with the highest validation score (the first on ties). It is given the
+    validation numbers only, so test accuracy cannot influence the choice."""
+    return max(val_scores, key=lambda k: val_scores[k])
+
+
+def _mean(v: dict[int, float]) -> float:
+    return float(np.mean(list(v.values()))) if v else math.nan
+
+
+def _fmt(v: dict[int, float]) -> str:
+    if not v:
+        return "–"
+    a = 100 * np.array(list(v.values()))
+    return f"{a.mean():.2f} ± {a.std():.2f}"
+
+
+def _cost(s: Setting) -> tuple[float, float]:
+    """Mean bytes (down + up) per client per round, and seconds per round."""
+    comm = [r.summary["comm"] for r in s.runs]
+    sec = [r.summary["seconds"] for r in s.runs]
+    kb = np.mean([c["bytes_down_per_client_round"] + c["bytes_up_per_client_round"] for c in comm])
+    return float(kb), float(np.mean([t["train_per_round"] + t["eval_per_round"] for t in sec]))
+
+
+def _has_val(settings: list[Setting]) -> bool:
+    return all("val_round" in r.summary for s in settings for r in s.runs)
+
+
+# -- tables ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Report:
+    """The tables of a set of settings, their numbers (``results.json``, CSV) and options."""
+
+    head: str
+    tables: list[Table]
+    numbers: dict[str, Any]
+    settings: list[Setting]
+
+    def markdown(self) -> str:
+        parts = [self.head]
+        for t in self.tables:
+            lines = [f"## {t.title}", "", "| " + " | ".join(t.columns) + " |"]
+            lines.append("|" + "---|" * len(t.columns))
+            lines += ["| " + " | ".join(r) + " |" for r in t.rows]
+            parts.append("\n".join(lines) + "\n")
+        return "\n".join(parts)
+
+    def latex(self) -> str:
+        def esc(text: str) -> str:
+            text = text.replace("±", "PLUSMINUS").replace("–", "--")
+            text = re.sub(r"([&%$#_{}])", r"\\\1", text)
+            return text.replace("PLUSMINUS", "$\\pm$")
+
+        out = []
+        for t in self.tables:
+            out += [f"% {t.title}", "\\begin{tabular}{l" + "r" * (len(t.columns) - 1) + "}"]
+            out += ["\\toprule", " & ".join(map(esc, t.columns)) + " \\\\", "\\midrule"]
+            out += [" & ".join(map(esc, r)) + " \\\\" for r in t.rows]
+            out += ["\\bottomrule", "\\end{tabular}", ""]
+        return "\n".join(out)
+
+    def csv(self) -> str:
+        """One line per setting and seed: every number, unrounded (fractions, not %)."""
+        buf = io.StringIO()
+        rows = [
+            {"label": s.label, "algorithm": s.algorithm, "seed": r.seed, "run_dir": str(r.folder)}
+            | run_numbers(r)
+            for s in self.settings
+            for r in s.runs
+        ]
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        writer = csv.DictWriter(buf, keys, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return buf.getvalue()
+
+    def write(self, out: Path) -> None:
+        """results.md, results.csv, results.tex, results.json and accuracy.png in ``out``."""
+        from pflkit.report.plots import plot_compare
+
+        (out / "results.md").write_text(self.markdown())
+        (out / "results.csv").write_text(self.csv())
+        (out / "results.tex").write_text(self.latex())
+        (out / "results.json").write_text(json.dumps(self.numbers, indent=2) + "\n")
+        plot_compare(curves(self.settings), out / "accuracy.png", title=self.head_line)
+
+    @property
+    def head_line(self) -> str:
+        return self.head.splitlines()[0].lstrip("# ")
+
+
+def run_numbers(run: Run) -> dict[str, Any]:
+    """A run's reported numbers, flat: ``final.<metric>``, ``mean_last.<metric>``,
+    ``val_round.<metric>`` (and ``val_round.<metric>.round``), cost."""
+    s = run.summary
+    out: dict[str, Any] = {"rounds": s.get("rounds")}
+    for part in ("final", "mean_last"):
+        out |= {
+            f"{part}.{k}": v for k, v in s.get(part, {}).items() if k not in ("round", "rounds")
+        }
+    for k, e in s.get("val_round", {}).items():
+        out |= {f"val_round.{k}": e["value"], f"val_round.{k}.round": e["round"]}
+    kb, sec = _cost(Setting(run.label, [run]))
+    return out | {"bytes_per_client_round": kb, "seconds_per_round": sec}
+
+
+def curves(settings: list[Setting]) -> dict[str, dict[str, list]]:
+    """Per setting, personalized and global accuracy over rounds, one curve per seed."""
+
+    def series(run: Run, key: str) -> tuple[np.ndarray, np.ndarray]:
+        rows = [r for r in run.rows if key in r]
+        return np.array([r["round"] for r in rows]), np.array([r[key] for r in rows])
+
+    return {
+        s.label: {
+            "personalized": [series(r, "pers_acc_mean") for r in s.runs],
+            "global": [series(r, "global_acc") for r in s.runs],
+        }
+        for s in settings
+    }
+
+
+def build_report(
+    settings: list[Setting],
+    at: At = "last",
+    metric: str = "pers_acc_mean",
+    select: Select = "none",
+) -> Report:
+    """The tables of ``settings``: every setting (mean ± std over seeds, p-value against the
+    best on ``metric``, cost), and with ``select`` the chosen setting of each algorithm."""
+    if metric not in METRICS:
+        raise PflkitError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
+    if at not in AT:
+        raise PflkitError(f"unknown --at {at!r}: use one of {', '.join(AT)}")
+    if select not in ("val", "test", "none"):
+        raise PflkitError(f"unknown --select {select!r}: use val, test or none")
+    has_val = _has_val(settings)
+    if select == "val" and not has_val:
+        raise PflkitError(
+            "selecting on validation needs runs with a validation split: run them with "
+            "data.val_fraction > 0 (e.g. 0.1), or select on test (labelled as such)"
+        )
+    main = {s.label: values(s, metric, at) for s in settings}
+    scored = {k: _mean(v) for k, v in main.items() if v}
+    best = choose(scored) if scored else None
+    numbers: dict[str, Any] = {}
+    rows = []
+    for s in settings:
+        kb, sec = _cost(s)
+        cols = {k: values(s, k, at) for k in METRICS}
+        p = None if best is None or s.label == best else paired_p(main[s.label], main[best])
+        numbers[s.label] = {
+            "algorithm": s.algorithm,
+            "seeds": s.seeds,
+            "final" if at == "last" else at: {k: list(v.values()) for k, v in cols.items()},
+            "p_vs_best": p,
+            "bytes_per_client_round": kb,
+            "seconds_per_round": sec,
+        }
+        cells = [s.label] + [_fmt(v) for v in cols.values()]
+        cells.append("best" if s.label == best else ("–" if p is None else f"{p:.3f}"))
+        if has_val:
+            v = values(s, metric, at, val=True)
+            numbers[s.label]["val_" + metric] = list(v.values())
+            cells.append(_fmt(v))
+        rows.append(cells + [f"{kb / 1024:.1f}", f"{sec:.2f}"])
+    columns = ["setting", *METRICS.values(), "p vs best"]
+    if has_val:
+        columns.append(f"validation: {METRICS[metric]}")
+    columns += ["KB / client / round", "s / round"]
+    tables = [Table("All settings", columns, rows)]
+    if select != "none":
+        tables.append(_selection(settings, at, metric, select, numbers))
+    return Report(_head(settings, at, metric), tables, numbers, settings)
+
+
+def _selection(
+    settings: list[Setting], at: At, metric: str, select: Select, numbers: dict[str, Any]
+) -> Table:
+    """One row per algorithm: its setting chosen on validation (or, with select test, on
+    test, labelled) with its test number, and the best-on-test setting next to it."""
+    name = METRICS[metric]
+    columns = ["algorithm"]
+    if select == "val":
+        columns += ["chosen on validation", f"its test {name}"]
+    columns += ["best on test (optimistic)", f"its test {name}"]
+    rows = []
+    for algo in dict.fromkeys(s.algorithm for s in settings):
+        mine = [s for s in settings if s.algorithm == algo]
+        test = {s.label: _mean(values(s, metric, at)) for s in mine}
+        cells = [algo]
+        if select == "val":
+            chosen = choose({s.label: _mean(values(s, metric, at, val=True)) for s in mine})
+            numbers[chosen]["chosen_on_validation"] = True
+            cells += [chosen, _fmt(values(_get(mine, chosen), metric, at))]
+        on_test = choose(test)
+        cells += [on_test, _fmt(values(_get(mine, on_test), metric, at))]
+        rows.append(cells)
+    how = "validation (val_ metrics)" if select == "val" else "test accuracy: optimistic"
+    return Table(f"Selected settings, per algorithm, chosen on {how}", columns, rows)
+
+
+def _get(settings: list[Setting], label: str) -> Setting:
+    return next(s for s in settings if s.label == label)
+
+
+def _head(settings: list[Setting], at: At, metric: str) -> str:
+    c = settings[0].runs[0].config
+    d, t = c.get("data", {}), c.get("train", {})
+    part = d.get("partition", {})
+    seeds = sorted({seed for s in settings for seed in s.seeds})
+    args = ", ".join(f"{k}={v}" for k, v in part.items() if k != "name")
+    return (
+        f"# {c.get('name', 'experiment')}\n\n"
+        f"{d.get('dataset')}, {d.get('num_clients')} clients, partition "
+        f"{part.get('name')}({args}) (id {settings[0].runs[0].summary.get('partition_id', '')}), "
+        f"model {c.get('model', {}).get('name')}, {t.get('rounds')} rounds, client fraction "
+        f"{t.get('client_fraction')}, {t.get('local_epochs')} local epoch(s), batch "
+        f"{t.get('batch_size')}, lr {t.get('lr')} (unless a setting's label says otherwise); "
+        f"seeds {seeds}. {_AT_TEXT[at]}, mean ± std over seeds; p: two-sided paired t-test "
+        f"over seeds against the best setting on {METRICS[metric]}.\n"
+    )
+
+
+def make_report(*paths: str | Path, **options: str | None) -> Report:
+    """The report of ``paths`` (run folders, compare / sweep folders): a compare or sweep
+    folder's own options (``plan.json``), overridden by the ``options`` given (``at``,
+    ``metric``, ``select``; None keeps the plan's)."""
+    settings, planned = find_settings(list(paths))
+    return build_report(settings, **(planned | {k: v for k, v in options.items() if v}))
+
+
+def load_runs(*paths: str | Path, per_round: bool = False) -> Any:
+    """A pandas DataFrame of finished runs (run folders or compare / sweep folders): one row
+    per run with :func:`run_numbers`' columns, or with ``per_round`` one row per run and
+    metrics row. Needs pandas (``pip install 'pflkit[report]'``)."""
+    try:
+        import pandas as pd
+    except ImportError:
+        raise PflkitError("load_runs needs pandas: pip install 'pflkit[report]'") from None
+    settings, _ = find_settings(list(paths))
+    records = []
+    for s in settings:
+        for r in s.runs:
+            ident = {"label": s.label, "algorithm": r.algorithm, "seed": r.seed}
+            ident["run_dir"] = str(r.folder)
+            if per_round:
+                records += [ident | row for row in r.rows]
+            else:
+                records.append(ident | run_numbers(r))
+    return pd.DataFrame.from_records(records)

@@ -1,0 +1,263 @@
+"""Sweeps, validation-based selection and the results tooling (issue 16, items 1, 2 and 5):
+``pflkit sweep``, ``pflkit report``, :mod:`pflkit.report.results`, ``summary.json``'s
+``val_round``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import tiny_config
+from pflkit import load_runs, make_report, run_experiment, run_sweep
+from pflkit.config import validate
+from pflkit.errors import PflkitError
+from pflkit.report.results import build_report, find_settings, paired_p
+from pflkit.report.summary import summarize
+from test_cli import pflkit
+from test_engine import strip_timing
+
+
+def test_a_2x2_sweep_equals_the_four_individual_runs(tmp_path):
+    """A grid over an algorithm parameter and a data key (a new partition per value): each
+    sweep run equals the run of its own config, started on its own."""
+    cfg = validate(
+        tiny_config(
+            algorithm={"name": "fedprox"},
+            train={"rounds": 2},
+            compare={"algorithms": ["fedprox", "local"], "seeds": [1]},
+            sweep={
+                "grid": {"algorithm.mu": [0.001, 0.5], "data.num_clients": [3, 4]},
+                "select": "none",
+            },
+        )
+    )
+    res = run_sweep(cfg, tmp_path / "sw", progress=False)
+    # local has no mu: it repeats over the data key only
+    assert list(res["results"]) == [
+        "fedprox(mu=0.001)[data.num_clients=3]",
+        "fedprox(mu=0.001)[data.num_clients=4]",
+        "fedprox(mu=0.5)[data.num_clients=3]",
+        "fedprox(mu=0.5)[data.num_clients=4]",
+        "local[data.num_clients=3]",
+        "local[data.num_clients=4]",
+    ]
+    seen = set()
+    for mu in (0.001, 0.5):
+        for n in (3, 4):
+            alone = run_experiment(
+                validate(
+                    tiny_config(
+                        seed=1,
+                        algorithm={"name": "fedprox", "mu": mu},
+                        train={"rounds": 2},
+                        data={"num_clients": n},
+                    )
+                ),
+                out=tmp_path / f"alone-{mu}-{n}",
+            )
+            rows = [
+                json.loads(line)
+                for line in (
+                    tmp_path / "sw" / f"fedprox(mu={mu})[data.num_clients={n}]-s1" / "metrics.jsonl"
+                )
+                .read_text()
+                .splitlines()
+            ]
+            assert strip_timing(rows) == strip_timing(alone.rows)
+            seen.add(json.dumps(strip_timing(rows)))
+    assert len(seen) == 4  # the four points really differ
+
+
+def _fake_run(folder: Path, algo: str, seed: int, test: float, val: float) -> None:
+    """A finished run folder written by hand: one evaluated round with these accuracies."""
+    folder.mkdir(parents=True)
+    cfg = tiny_config(seed=seed, algorithm={"name": algo})
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    row = {
+        "round": 1,
+        "clients": [0],
+        "bytes_down": [1024],
+        "bytes_up": [1024],
+        "seconds_train": 0.5,
+        "seconds_eval": 0.5,
+        "pers_acc_mean": test,
+        "val_pers_acc_mean": val,
+    }
+    (folder / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    summary = {"name": "tiny", "algorithm": algo, "seed": seed} | summarize([row])
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def _selection(report) -> list[str]:
+    table = report.tables[1]
+    return table.rows
+
+
+def test_select_val_chooses_on_validation_only(tmp_path):
+    """Two settings whose validation and test rankings disagree: the validation choice is A
+    (its test number is reported), the best on test is B, shown apart and labelled; and no
+    change of the test numbers changes the choice."""
+
+    def sweep(name: str, test_a: tuple, test_b: tuple) -> Path:
+        out = tmp_path / name
+        for seed in (0, 1, 2):
+            _fake_run(out / f"fedprox(mu=A)-s{seed}", "fedprox", seed, test_a[seed], 0.9)
+            _fake_run(out / f"fedprox(mu=B)-s{seed}", "fedprox", seed, test_b[seed], 0.5)
+        return out
+
+    out = sweep("one", (0.60, 0.62, 0.64), (0.80, 0.81, 0.82))
+    report = build_report(find_settings([out])[0], select="val")
+    [row] = _selection(report)
+    assert row == ["fedprox", "fedprox(mu=A)", "62.00 ± 1.63", "fedprox(mu=B)", "81.00 ± 0.82"]
+    assert report.tables[1].columns[3] == "best on test (optimistic)"
+    assert "chosen on validation" in report.tables[1].title
+    # test numbers shuffled and scaled: the validation choice does not move
+    other = sweep("two", (0.10, 0.99, 0.30), (0.95, 0.96, 0.97))
+    [row2] = _selection(build_report(find_settings([other])[0], select="val"))
+    assert row2[1] == "fedprox(mu=A)"
+    # select on test: the optimistic choice only, and the title says so
+    on_test = build_report(find_settings([out])[0], select="test")
+    assert on_test.tables[1].rows == [["fedprox", "fedprox(mu=B)", "81.00 ± 0.82"]]
+    assert "optimistic" in on_test.tables[1].title
+
+
+def test_paired_t_test_by_hand():
+    """df = 2: the two-sided p-value is 1 - t / sqrt(2 + t^2) (closed form of Student's t)."""
+    a = {0: 0.80, 1: 0.82, 2: 0.85}
+    b = {0: 0.70, 1: 0.75, 2: 0.80}
+    d = [0.10, 0.07, 0.05]
+    mean = sum(d) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+    t = mean / (sd / math.sqrt(3))
+    assert paired_p(a, b) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-9)
+    assert paired_p(a, b) == pytest.approx(paired_p(b, a))
+    assert paired_p({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6}) == 1.0  # identical runs
+    assert paired_p({0: 0.6, 1: 0.7}, {0: 0.5, 1: 0.6}) == 0.0  # a constant gain
+    assert paired_p({0: 0.5, 7: 0.6}, {0: 0.5, 1: 0.6}) is None  # one common seed
+    # only common seeds pair
+    assert paired_p(a | {9: 0.1}, b) == paired_p(a, b)
+
+
+def test_val_round_picks_the_best_validation_round_and_reports_its_test_number():
+    rows = [
+        {"round": r, "bytes_down": [], "bytes_up": [], "seconds_train": 0, "seconds_eval": 0}
+        | {"pers_acc_mean": test, "val_pers_acc_mean": val, "global_acc": g}
+        for r, test, val, g in [(1, 0.5, 0.4, 0.3), (2, 0.9, 0.6, 0.2), (3, 0.6, 0.6, 0.4)]
+    ]
+    s = summarize(rows)
+    # round 2 has the best validation value (the first of the tied best); its test is 0.9
+    assert s["val_round"] == {"pers_acc_mean": {"round": 2, "value": 0.9, "val": 0.6}}
+    assert s["final"]["val_pers_acc_mean"] == 0.6 and s["final"]["pers_acc_mean"] == 0.6
+    assert "val_round" not in summarize(
+        [{k: v for k, v in r.items() if not k.startswith("val_")} for r in rows]
+    )
+
+
+def test_report_reproduces_the_compare_table_and_writes_every_format(tmp_path):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(train={"rounds": 2})))
+    args = ["--algorithms", "local,fedavg", "--seeds", "0,1", "-q", "--out", "cmp"]
+    r = pflkit("compare", str(cfg), *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    cmp = tmp_path / "cmp"
+    rep = pflkit("report", "cmp", cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stdout == (cmp / "results.md").read_text()
+    assert "| local |" in rep.stdout and "p vs best" in rep.stdout
+    # the same runs given one by one, in another order: the same rows
+    folders = ["cmp/fedavg-s1", "cmp/local-s0", "cmp/fedavg-s0", "cmp/local-s1"]
+    alone = pflkit("report", *folders, cwd=tmp_path)
+    lines = lambda text: sorted(x for x in text.splitlines() if x.startswith("| "))  # noqa: E731
+    assert lines(alone.stdout) == lines(rep.stdout)
+    written = pflkit("report", "cmp", "--out", "again", "--format", "csv", cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    again = tmp_path / "again"
+    for name in ("results.md", "results.csv", "results.tex", "results.json"):
+        assert (again / name).read_text() == (cmp / name).read_text(), name
+    assert (again / "accuracy.png").stat().st_size > 1000
+    assert written.stdout == (cmp / "results.csv").read_text()
+    assert len(written.stdout.splitlines()) == 5  # a header and one line per run
+    assert "$\\pm$" in (cmp / "results.tex").read_text()
+    df = load_runs(cmp)
+    assert sorted(df["label"]) == ["fedavg", "fedavg", "local", "local"]
+    got = df.set_index(["label", "seed"])["final.pers_acc_mean"]
+    for label in ("local", "fedavg"):
+        for seed in (0, 1):
+            summary = json.loads((cmp / f"{label}-s{seed}" / "summary.json").read_text())
+            assert got[(label, seed)] == summary["final"]["pers_acc_mean"]
+    per_round = load_runs(cmp, per_round=True)
+    assert len(per_round) == 4 * 2 and set(per_round["round"]) == {1, 2}
+    assert make_report(cmp).markdown() == rep.stdout
+
+
+def test_sweep_from_the_cli_selects_on_validation(tmp_path):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(train={"rounds": 2}, data={"val_fraction": 0.2})))
+    r = pflkit(
+        "sweep", str(cfg), "--grid", "train.lr=[0.01,0.05]", "--algorithms", "fedavg",
+        "--seeds", "0,1", "-q", "--out", "sw", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "## Selected settings, per algorithm, chosen on validation" in r.stdout
+    assert "fedavg[train.lr=0.01]" in r.stdout and "fedavg[train.lr=0.05]" in r.stdout
+    numbers = json.loads((tmp_path / "sw" / "results.json").read_text())
+    val = {k: sum(v["val_pers_acc_mean"]) for k, v in numbers.items()}
+    chosen = [k for k, v in numbers.items() if v.get("chosen_on_validation")]
+    assert chosen == [max(val, key=val.get)]
+    # the plan keeps the options: report shows the same tables
+    assert pflkit("report", "sw", cwd=tmp_path).stdout == (tmp_path / "sw/results.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sweep", "CFG", "--out", "o"], "a sweep needs a grid"),
+        (["sweep", "CFG", "--grid", "train.lr=0.1", "--out", "o"], "invalid --grid 'train.lr=0.1'"),
+        (
+            ["sweep", "CFG", "--grid", "algorithm.muu=[1]", "--select", "none", "--out", "o"],
+            "has a parameter 'muu': check its spelling",
+        ),
+        (["sweep", "CFG", "--grid", "seed=[1,2]", "--select", "none", "--out", "o"], "--seeds"),
+        (["sweep", "CFG", "--grid", "train.lr=[0.1]", "--out", "o"], "no validation split"),
+        (
+            ["sweep", "CFG", "--grid", "train.lr=[-1]", "--select", "none", "--out", "o"],
+            "train.lr",
+        ),
+        (["sweep", "CFG", "--grid", "train.lr=[1]", "--select", "maybe"], "sweep.select"),
+        (["report", "nowhere"], "'nowhere' is neither a run folder"),
+        (["report"], "needs run folders"),
+    ],
+)
+def test_sweep_and_report_bad_input_is_one_sentence(tmp_path, args, message):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(train={"rounds": 1})))
+    r = pflkit(*[str(cfg) if a == "CFG" else a for a in args], cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()  # nothing half-made
+
+
+def test_report_refuses_unfinished_runs_and_missing_numbers(tmp_path):
+    run = tmp_path / "r"
+    _fake_run(run, "fedavg", 0, 0.5, 0.5)
+    for args, message in [
+        (["r", "--at", "mean_last"], "needs runs with eval.last > 0"),
+        (["r", "--format", "pdf"], "unknown --format 'pdf'"),
+        (["r", "--metric", "acc"], "unknown metric 'acc'"),
+    ]:
+        r = pflkit("report", *args, cwd=tmp_path)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+    (run / "summary.json").unlink()
+    r = pflkit("report", "r", cwd=tmp_path)
+    assert r.returncode == 2 and "has not finished: finish it with pflkit run --resume" in r.stderr
+    with pytest.raises(PflkitError, match="validation split"):
+        _fake_run(tmp_path / "n", "fedavg", 0, 0.5, 0.5)
+        noval = json.loads((tmp_path / "n" / "summary.json").read_text())
+        del noval["val_round"]
+        (tmp_path / "n" / "summary.json").write_text(json.dumps(noval))
+        make_report(tmp_path / "n", select="val")
