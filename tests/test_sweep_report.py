@@ -15,7 +15,7 @@ from conftest import tiny_config
 from pflkit import load_runs, make_report, run_experiment, run_sweep
 from pflkit.config import validate
 from pflkit.errors import PflkitError
-from pflkit.report.results import build_report, find_settings, paired_p
+from pflkit.report.results import build_report, choose, find_settings, paired_p
 from pflkit.report.summary import summarize
 from test_cli import pflkit
 from test_engine import strip_timing
@@ -123,6 +123,9 @@ def test_select_val_chooses_on_validation_only(tmp_path):
     on_test = build_report(find_settings([out])[0], select="test")
     assert on_test.tables[1].rows == [["fedprox", "fedprox(mu=B)", "81.00 ± 0.82"]]
     assert "optimistic" in on_test.tables[1].title
+    # a setting without the number never wins; the first of tied best ones does
+    assert choose({"a": math.nan, "b": 0.1}) == "b" and choose({"a": math.nan}) is None
+    assert choose({"a": 0.5, "b": 0.7, "c": 0.7}) == "b"
 
 
 def test_paired_t_test_by_hand():

@@ -69,6 +69,11 @@ ImportOpt = Annotated[
 ]
 
 
+AlgorithmsOpt = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated algorithm names (default: config's compare.algorithms)."),
+]
+SeedsOpt = Annotated[str | None, typer.Option(help="Comma-separated training seeds, e.g. 0,1,2.")]
 JobsOpt = Annotated[
     int,
     typer.Option(
@@ -139,15 +144,8 @@ def compare(
     config: ConfigArg = None,
     set_: SetOpt = None,
     imports: ImportOpt = None,
-    algorithms: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated algorithm names (default: config's compare.algorithms)."
-        ),
-    ] = None,
-    seeds: Annotated[
-        str | None, typer.Option(help="Comma-separated training seeds, e.g. 0,1,2.")
-    ] = None,
+    algorithms: AlgorithmsOpt = None,
+    seeds: SeedsOpt = None,
     out: OutOpt = None,
     quiet: QuietOpt = False,
     jobs: JobsOpt = 1,
@@ -157,15 +155,26 @@ def compare(
     kept, interrupted ones resume from their checkpoints."""
     from pflkit.engine.compare import run_compare
 
+    cfg = load_config(config, _lists(set_, algorithms, seeds), imports)
+    _many(run_compare, "compare", cfg, out, quiet, jobs)
+
+
+def _lists(set_: list[str] | None, algorithms: str | None, seeds: str | None) -> list[str]:
+    """The overrides of compare and sweep: --set, plus --algorithms and --seeds."""
     overrides = list(set_ or [])
     if algorithms:
         overrides.append(f"compare.algorithms=[{algorithms}]")
     if seeds:
         overrides.append(f"compare.seeds=[{seeds}]")
-    cfg = load_config(config, overrides, imports)
+    return overrides
+
+
+def _many(fn, kind: str, cfg, out: Path | None, quiet: bool, jobs: int) -> None:
+    """Run a compare or sweep (``fn``) into ``out`` (default: runs/<kind>-<name>-<time>) and
+    print its tables."""
     if out is None:
-        out = Path(cfg.output.dir) / f"compare-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    res = run_compare(cfg, out, progress=False if quiet else None, jobs=jobs)
+        out = Path(cfg.output.dir) / f"{kind}-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    res = fn(cfg, out, progress=False if quiet else None, jobs=jobs)
     print(res["table"])
     out_console.print(f"written to {res['out']}")
 
@@ -182,12 +191,8 @@ def sweep(
     ] = None,
     set_: SetOpt = None,
     imports: ImportOpt = None,
-    algorithms: Annotated[
-        str | None, typer.Option(help="Comma-separated algorithm names (default: config's).")
-    ] = None,
-    seeds: Annotated[
-        str | None, typer.Option(help="Comma-separated training seeds, e.g. 0,1,2.")
-    ] = None,
+    algorithms: AlgorithmsOpt = None,
+    seeds: SeedsOpt = None,
     select: SelectOpt = None,
     metric: MetricOpt = None,
     at: AtOpt = None,
@@ -201,12 +206,7 @@ def sweep(
     from pflkit.config import parse_value, validate
     from pflkit.engine.compare import run_sweep
 
-    overrides = list(set_ or [])
-    if algorithms:
-        overrides.append(f"compare.algorithms=[{algorithms}]")
-    if seeds:
-        overrides.append(f"compare.seeds=[{seeds}]")
-    overrides += [
+    overrides = _lists(set_, algorithms, seeds) + [
         f"sweep.{k}={v}" for k, v in (("select", select), ("metric", metric), ("at", at)) if v
     ]
     cfg = load_config(config, overrides, imports)
@@ -224,11 +224,7 @@ def sweep(
         raw = cfg.dump()
         raw["sweep"]["grid"] = raw["sweep"]["grid"] | extra
         cfg = validate(raw)
-    if out is None:
-        out = Path(cfg.output.dir) / f"sweep-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    res = run_sweep(cfg, out, progress=False if quiet else None, jobs=jobs)
-    print(res["table"])
-    out_console.print(f"written to {res['out']}")
+    _many(run_sweep, "sweep", cfg, out, quiet, jobs)
 
 
 @app.command()

@@ -140,9 +140,10 @@ def find_settings(paths: list[str | Path]) -> tuple[list[Setting], dict[str, Any
     for run in runs:
         s = settings.setdefault(run.label, Setting(run.label, []))
         if run.seed in s.seeds:
+            twin = s.runs[s.seeds.index(run.seed)].folder
             raise PflkitError(
-                f"two runs of '{run.label}' with seed {run.seed} ({s.runs[s.seeds.index(run.seed)].folder} "
-                f"and {run.folder}): leave one of them out"
+                f"two runs of '{run.label}' with seed {run.seed} ({twin} and {run.folder}): "
+                "leave one of them out"
             )
         s.runs.append(run)
     for s in settings.values():
@@ -194,10 +195,12 @@ def paired_p(a: dict[int, float], b: dict[int, float]) -> float | None:
     return float(stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue)
 
 
-def choose(val_scores: dict[str, float]) -> str:
-    """The label with the highest validation score (the first on ties). It is given the
-    validation numbers only, so test accuracy cannot influence the choice."""
-    return max(val_scores, key=lambda k: val_scores[k])
+def choose(val_scores: dict[str, float]) -> str | None:
+    """The label with the highest validation score (the first on ties; NaN, a setting without
+    the number, never wins; None if none has it). It is given the validation numbers only, so
+    test accuracy cannot influence the choice."""
+    scored = {k: v for k, v in val_scores.items() if not math.isnan(v)}
+    return max(scored, key=lambda k: scored[k]) if scored else None
 
 
 def _mean(v: dict[int, float]) -> float:
@@ -288,11 +291,9 @@ class Report:
         (out / "results.csv").write_text(self.csv())
         (out / "results.tex").write_text(self.latex())
         (out / "results.json").write_text(json.dumps(self.numbers, indent=2) + "\n")
-        plot_compare(curves(self.settings), out / "accuracy.png", title=self.head_line)
-
-    @property
-    def head_line(self) -> str:
-        return self.head.splitlines()[0].lstrip("# ")
+        c = self.settings[0].runs[0].config
+        title = f"{c.get('name', '')}: " + self.head.splitlines()[2].split(", batch")[0]
+        plot_compare(curves(self.settings), out / "accuracy.png", title=title)
 
 
 def run_numbers(run: Run) -> dict[str, Any]:
@@ -347,8 +348,7 @@ def build_report(
             "data.val_fraction > 0 (e.g. 0.1), or select on test (labelled as such)"
         )
     main = {s.label: values(s, metric, at) for s in settings}
-    scored = {k: _mean(v) for k, v in main.items() if v}
-    best = choose(scored) if scored else None
+    best = choose({k: _mean(v) for k, v in main.items()})
     numbers: dict[str, Any] = {}
     rows = []
     for s in settings:
@@ -393,14 +393,17 @@ def _selection(
     rows = []
     for algo in dict.fromkeys(s.algorithm for s in settings):
         mine = [s for s in settings if s.algorithm == algo]
-        test = {s.label: _mean(values(s, metric, at)) for s in mine}
-        cells = [algo]
+        picks = []
         if select == "val":
             chosen = choose({s.label: _mean(values(s, metric, at, val=True)) for s in mine})
-            numbers[chosen]["chosen_on_validation"] = True
-            cells += [chosen, _fmt(values(_get(mine, chosen), metric, at))]
-        on_test = choose(test)
-        cells += [on_test, _fmt(values(_get(mine, on_test), metric, at))]
+            if chosen is not None:
+                numbers[chosen]["chosen_on_validation"] = True
+            picks.append(chosen)
+        picks.append(choose({s.label: _mean(values(s, metric, at)) for s in mine}))
+        cells = [algo]
+        for label in picks:
+            shown = "–" if label is None else _fmt(values(_get(mine, label), metric, at))
+            cells += [label or "–", shown]
         rows.append(cells)
     how = "validation (val_ metrics)" if select == "val" else "test accuracy: optimistic"
     return Table(f"Selected settings, per algorithm, chosen on {how}", columns, rows)
