@@ -21,10 +21,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 def two_rounds(name: str, device: str = "cpu", **sections):
     """Every algorithm on a tiny run that exercises its whole round: partial participation, a
-    public set, MAP's selected-clients protocol, two rounds (the second uses the first's
-    server state), one torch thread."""
+    public set, a validation split, MAP's selected-clients protocol, two rounds (the second
+    uses the first's server state), one torch thread."""
     raw = tiny_config(algorithm={"name": name}, device=device, threads=1, **sections)
-    raw["data"]["public"] = {"dataset": "digits", "size": 64}
+    raw["data"] |= {"public": {"dataset": "digits", "size": 64}, "val_fraction": 0.2}
     raw["train"] |= {"client_fraction": 0.75, "rounds": 2}
     raw["eval"] = {"selected_clients": True}
     return validate(raw)
@@ -83,7 +83,8 @@ def test_data_are_moved_once_and_a_moved_dataset_is_itself():
     assert data.to("cpu") is data
     meta = data.to("meta")
     assert meta.test_x.is_meta and meta.public_x.is_meta
-    assert all(t.is_meta for c in meta.clients for t in vars(c).values())
+    assert all(t.is_meta for c in meta.clients for t in vars(c).values())  # val_x, val_y too
+    assert meta.has_val
     assert meta.num_clients == data.num_clients and meta.partition_id == data.partition_id
 
 
