@@ -309,8 +309,8 @@ def partition(
         t.add_column(s, justify="right")
     for cid, row in enumerate(table):
         c = data.clients[cid]
-        sizes = [len(c.train_y), len(c.test_y)] + ([len(c.val_y)] if data.has_val else [])
-        t.add_row(str(cid), *(str(int(v)) if v else "·" for v in row), *map(str, sizes))
+        sizes = [str(len(getattr(c, f"{s}_y"))) for s in splits]
+        t.add_row(str(cid), *(str(int(v)) if v else "·" for v in row), *sizes)
     out_console.print(t)
     path = out or Path(f"partition-{data.partition_id}.png")
     if path.is_dir():

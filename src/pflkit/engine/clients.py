@@ -35,10 +35,11 @@ import torch
 
 from pflkit.algorithms import Algorithm, build_algorithm, make_envs
 from pflkit.algorithms.base import Payload, State, Update, Upload
-from pflkit.algorithms.blocks.training import local_optim, predict
+from pflkit.algorithms.blocks.training import local_optim
 from pflkit.algorithms.env import ClientEnv
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device, validate
 from pflkit.errors import PflkitError
+from pflkit.eval.evaluate import accuracy
 
 if TYPE_CHECKING:
     from pflkit.data.federated import FederatedDataset
@@ -138,14 +139,6 @@ def _finite(obj: Any) -> bool:
     return True
 
 
-def split_accuracy(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
-) -> float:
-    """Accuracy of ``model`` on one of the client's local splits (``x``, ``y``)."""
-    hits = int((predict(model, x, batch_size).argmax(1) == y).sum())
-    return hits / max(len(y), 1)
-
-
 def evaluate_client(
     algo: Algorithm,
     env: ClientEnv,
@@ -175,9 +168,9 @@ def evaluate_client(
                 )
             weights = view["weights"]
     model, d = algo.scoring_model(env, weights), env.data
-    acc = {"test": split_accuracy(model, d.test_x, d.test_y, batch_size)}
+    acc = {"test": accuracy(model, d.test_x, d.test_y, batch_size)}
     if d.val_y is not None:
-        acc["val"] = split_accuracy(model, d.val_x, d.val_y, batch_size)
+        acc["val"] = accuracy(model, d.val_x, d.val_y, batch_size)
     return acc
 
 

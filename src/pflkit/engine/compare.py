@@ -152,7 +152,7 @@ def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) ->
 def _task(cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int):
     """The config of one run: ``cfg`` with ``algo``, the setting's overrides and ``seed``."""
     raw = cfg.dump() | {"algorithm": algo, "seed": seed}
-    return validate(apply_overrides(raw, sets)) if sets else validate(raw)
+    return validate(apply_overrides(raw, sets))
 
 
 def compare_plan(cfg: ExperimentConfig) -> list[Planned]:

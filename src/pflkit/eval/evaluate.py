@@ -44,29 +44,37 @@ def global_metrics(model: nn.Module, weights, data, batch_size: int) -> dict[str
     return {"global_acc": float(correct.float().mean()), "global_loss": float(loss.mean())}
 
 
+def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> float:
+    """The share of ``(x, y)`` that ``model`` classifies right (0 for an empty split)."""
+    hits = int((predict(model, x, batch_size).argmax(1) == y).sum())
+    return hits / max(len(y), 1)
+
+
 def global_val_metrics(
     model: nn.Module, weights, val_x: Tensor, val_y: Tensor, batch_size: int
 ) -> dict[str, float]:
     """The server's model on validation data: ``val_x``, ``val_y``, the union of the clients'
     local validation splits."""
     set_weights(model, weights)
-    correct = predict(model, val_x, batch_size).argmax(1) == val_y
-    return {"val_global_acc": float(correct.float().mean())}
+    return {"val_global_acc": accuracy(model, val_x, val_y, batch_size)}
+
+
+def _present(acc: Mapping[int, float], counts: np.ndarray) -> dict[str, float]:
+    """:func:`summarize_clients` of the clients in ``acc`` (``counts``: every client's)."""
+    cids = sorted(acc)
+    return summarize_clients(np.array([acc[c] for c in cids]), counts[cids])
 
 
 def personal_metrics(acc: Mapping[int, float], num_clients: int, counts: np.ndarray):
     """Summary of the per-client accuracies ``acc`` (clients missing from it, e.g. on a failed
     Flower node, are left out of the summary and reported as null)."""
-    cids = sorted(acc)
-    out: dict = summarize_clients(np.array([acc[c] for c in cids]), counts[cids])
+    out: dict = _present(acc, counts)
     out["pers_acc_clients"] = [acc.get(c) for c in range(num_clients)]
     return out
 
 
 def val_metrics(acc: Mapping[int, float], counts: np.ndarray) -> dict[str, float]:
-    """:func:`summarize_clients` of the per-client validation accuracies ``acc`` (``counts``:
-    every client's validation samples; clients missing from ``acc`` are left out), its keys
+    """The summary of the per-client validation accuracies ``acc`` (``counts``: every
+    client's validation samples; clients missing from ``acc`` are left out), its keys
     prefixed with ``val_``."""
-    cids = sorted(acc)
-    summary = summarize_clients(np.array([acc[c] for c in cids]), counts[cids])
-    return {f"val_{k}": v for k, v in summary.items()}
+    return {f"val_{k}": v for k, v in _present(acc, counts).items()}

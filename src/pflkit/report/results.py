@@ -291,8 +291,8 @@ class Report:
         (out / "results.csv").write_text(self.csv())
         (out / "results.tex").write_text(self.latex())
         (out / "results.json").write_text(json.dumps(self.numbers, indent=2) + "\n")
-        c = self.settings[0].runs[0].config
-        title = f"{c.get('name', '')}: " + self.head.splitlines()[2].split(", batch")[0]
+        name = self.settings[0].runs[0].config.get("name", "experiment")
+        title = f"{name}: {_setting(self.settings)}"
         plot_compare(curves(self.settings), out / "accuracy.png", title=title)
 
 
@@ -313,15 +313,12 @@ def run_numbers(run: Run) -> dict[str, Any]:
 
 def curves(settings: list[Setting]) -> dict[str, dict[str, list]]:
     """Per setting, personalized and global accuracy over rounds, one curve per seed."""
-
-    def series(run: Run, key: str) -> tuple[np.ndarray, np.ndarray]:
-        rows = [r for r in run.rows if key in r]
-        return np.array([r["round"] for r in rows]), np.array([r[key] for r in rows])
+    from pflkit.report.plots import _series
 
     return {
         s.label: {
-            "personalized": [series(r, "pers_acc_mean") for r in s.runs],
-            "global": [series(r, "global_acc") for r in s.runs],
+            "personalized": [_series(r.rows, "pers_acc_mean") for r in s.runs],
+            "global": [_series(r.rows, "global_acc") for r in s.runs],
         }
         for s in settings
     }
@@ -413,18 +410,26 @@ def _get(settings: list[Setting], label: str) -> Setting:
     return next(s for s in settings if s.label == label)
 
 
-def _head(settings: list[Setting], at: At, metric: str) -> str:
+def _setting(settings: list[Setting]) -> str:
+    """The shared setting in one line (the plot's title): the task, partition, model, rounds."""
     c = settings[0].runs[0].config
     d, t = c.get("data", {}), c.get("train", {})
     part = d.get("partition", {})
-    seeds = sorted({seed for s in settings for seed in s.seeds})
     args = ", ".join(f"{k}={v}" for k, v in part.items() if k != "name")
     return (
-        f"# {c.get('name', 'experiment')}\n\n"
         f"{d.get('dataset')}, {d.get('num_clients')} clients, partition "
         f"{part.get('name')}({args}) (id {settings[0].runs[0].summary.get('partition_id', '')}), "
         f"model {c.get('model', {}).get('name')}, {t.get('rounds')} rounds, client fraction "
-        f"{t.get('client_fraction')}, {t.get('local_epochs')} local epoch(s), batch "
+        f"{t.get('client_fraction')}, {t.get('local_epochs')} local epoch(s)"
+    )
+
+
+def _head(settings: list[Setting], at: At, metric: str) -> str:
+    c = settings[0].runs[0].config
+    t = c.get("train", {})
+    seeds = sorted({seed for s in settings for seed in s.seeds})
+    return (
+        f"# {c.get('name', 'experiment')}\n\n{_setting(settings)}, batch "
         f"{t.get('batch_size')}, lr {t.get('lr')} (unless a setting's label says otherwise); "
         f"seeds {seeds}. {_AT_TEXT[at]}, mean ± std over seeds; p: two-sided paired t-test "
         f"over seeds against the best setting on {METRICS[metric]}.\n"
