@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from pflkit.algorithms.base import nbytes, weighted_average
 from pflkit.engine import Simulation, run_experiment, sample_clients
@@ -168,6 +169,27 @@ def test_train_weighting_sets_every_averaging_algorithm_and_refuses_a_clash(tiny
     with pytest.raises(PflkitError, match="train.weighting"):
         run_compare(bad, tmp_path / "d", progress=False)
     assert not (tmp_path / "d").exists()
+
+
+def test_compare_entry_label_names_the_setting_and_is_not_an_algorithm_parameter(tiny, tmp_path):
+    from pflkit.engine.compare import compare_plan, run_compare, sweep_plan
+
+    fixed = {"name": "fedprox", "label": "prox_small", "mu": 0.001}
+    cfg = tiny(train={"rounds": 1}, compare={"algorithms": ["fedavg", fixed], "seeds": [0]})
+    assert [p[0] for p in compare_plan(cfg)] == ["fedavg", "prox_small"]
+    run_compare(cfg, tmp_path / "c", progress=False)
+    saved = yaml.safe_load((tmp_path / "c" / "prox_small-s0" / "config.yaml").read_text())
+    assert saved["algorithm"]["mu"] == 0.001 and "label" not in saved["algorithm"]
+    swept = cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"grid": {
+        "algorithm.mu": [0.1, 0.2]}})})  # fmt: skip
+    assert [p[0] for p in sweep_plan(swept)][1:] == [
+        "prox_small[algorithm.mu=0.1]",
+        "prox_small[algorithm.mu=0.2]",
+    ]
+    for label in ("a/b", "", 3):
+        bad = tiny(compare={"algorithms": [{"name": "fedavg", "label": label}]})
+        with pytest.raises(PflkitError, match="cannot name a run folder"):
+            compare_plan(bad)
 
 
 def test_eval_last_evaluates_the_final_rounds_and_summarises_their_mean(tiny, tmp_path):

@@ -438,6 +438,22 @@ def test_teacher_for_client_n_is_exactly_the_c_weighted_mix(digits_with_public):
     assert sim.server["c_self_mass"] == pytest.approx(diag)
 
 
+@pytest.mark.parametrize("c_init", ["uniform", "identity"])
+def test_fixed_c_ablations_teach_with_the_mean_or_the_students_own_predictions(
+    c_init, digits_with_public
+):
+    cfg = hetero_cfg({"name": "ktpfl", "coef_update": "fixed", "c_init": c_init}, rounds=2)
+    sim = Simulation(cfg, data=digits_with_public)
+    for rnd in (1, 2):
+        sim.run_round(rnd)
+        s = sim.server["soft"]
+        for n in range(4):
+            expected = s[n] if c_init == "identity" else s.mean(0)  # never updated
+            assert torch.allclose(sim.server["teachers"][n], expected, atol=1e-6)
+    diag = 1.0 if c_init == "identity" else 0.25
+    assert sim.server["c_self_mass"] == pytest.approx([diag, diag])
+
+
 def test_sim_pfd_weights_are_the_cosine_similarities():
     s = soft(3, 5, 4, seed=5)
     flat = s.reshape(3, -1).numpy()
@@ -743,6 +759,7 @@ def test_every_method_of_a_comparison_distils_with_the_same_settings(path):
     raw = yaml.safe_load(path.read_text())
     cfg = validate(raw)
     entries = [a if isinstance(a, dict) else {"name": a} for a in cfg.compare.algorithms]
+    entries = [{k: v for k, v in a.items() if k != "label"} for a in entries]  # setting names
     resolved = [resolve_params(a, cfg.train.weighting) for a in entries]
     kd = [r for r in resolved if "temperature" in r]
     assert len(kd) >= 2
@@ -772,6 +789,7 @@ def test_every_method_of_a_comparison_distils_with_the_same_settings(path):
         ({"name": "ktpfl", "rho": -0.1}, "ktpfl.rho"),
         ({"name": "ktpfl", "coef_update": "magic"}, "ktpfl.coef_update"),
         ({"name": "ktpfl", "coef_kl": "max"}, "ktpfl.coef_kl"),
+        ({"name": "ktpfl", "c_init": "random"}, "ktpfl.c_init"),
         ({"name": "topkpfd", "k": 0}, "topkpfd.k"),
         ({"name": "ktpfl", "tmperature": 3}, "has no parameter 'tmperature'"),
     ],

@@ -230,7 +230,7 @@ class EngineConfig(_Section):
 
 class OutputConfig(_Section):
     dir: str = "runs"
-    checkpoint_every: int = Field(0, ge=0)  # 0: only at the end
+    checkpoint_every: int = Field(0, ge=0)  # 0: none (one is still written on an interrupt)
     progress: bool = True
     # experiment trackers besides metrics.csv (always written): tensorboard, wandb
     trackers: list[Literal["tensorboard", "wandb"]] = []

@@ -32,6 +32,9 @@ Coefficient update (``coef_update``):
   rho * MSE(c[:, n], 1/N)``, one step with the code's normalised step size (start at 1, divide or
   multiply by 5, five times, so that mean|grad| * step lands near [0.01, 0.05]), then
   ``c[:, n] = softmax(5 * c[:, n])``, stored post-softmax (§9).
+- ``"fixed"``: ``c`` never changes (not in the paper: an ablation). With ``c_init: uniform``
+  every teacher is the plain mean of all clients' predictions (learned ``c`` against none);
+  with ``c_init: identity`` every teacher is the student's own predictions (self-only).
 
 How ``c`` behaves (docs/ktpfl.md, "The knowledge coefficients"): the self term ``m = n`` is part
 of every teacher, so the KL part alone is minimised by ``c = I`` (self-teaching, §8.4) and only
@@ -184,7 +187,12 @@ class CoefParams(BaseModel):
     coef_steps: int = param(
         20, "not stated (Alg. 1: 'update c via (7)'); 20 so that c moves (module docstring)", gt=0
     )
-    coef_update: Literal["paper", "official"] = param("paper", "paper (eq. 7); official: code")
+    coef_update: Literal["paper", "official", "fixed"] = param(
+        "paper", "paper (eq. 7); official: code; fixed: c stays c_0 (an ablation, no paper)"
+    )
+    c_init: Literal["uniform", "identity"] = param(
+        "uniform", "specs/ktpfl.md §3 (c_0 uniform); identity: self-only teachers (ablation)"
+    )
     coef_kl: Literal["mean", "sum"] = param(
         "mean", "specs/ktpfl.md §10 (eq. 7 on a mini-batch); sum: eq. 2 (KL summed over D_r)"
     )
@@ -199,6 +207,8 @@ def update_coefficients(
     sub = c[active][:, active]
     mass = sub.sum(0, keepdim=True).clamp_min(1e-300)
     x = sub / mass
+    if p.coef_update == "fixed":
+        return c
     if p.coef_update == "paper":
         w = num_samples.double() / num_samples.double().sum()
         x = coef_step_paper(
@@ -208,6 +218,14 @@ def update_coefficients(
         x = coef_step_official(x, soft, rho=p.rho)
     c[active.view(-1, 1), active.view(1, -1)] = x * mass
     return c
+
+
+def initial_c(n: int, p: CoefParams, device) -> Tensor:
+    """``c_0``: uniform ``1 / N`` (the paper) or the identity (every teacher is the student's own
+    predictions), float64 ``[N, N]``."""
+    if p.c_init == "identity":
+        return torch.eye(n, dtype=torch.float64, device=device)
+    return torch.full((n, n), 1.0 / n, dtype=torch.float64, device=device)
 
 
 def self_mass(c: Tensor) -> float:
@@ -247,7 +265,8 @@ class KTpFL(SoftTeacherKD):
         ] = param("after_distill_reuse_uploads", "paper (Alg. 1); before_mix: authors' code")
 
     def server_init(self, env: ServerEnv) -> State:
-        return {**super().server_init(env), "c_self_mass": []}
+        c = initial_c(env.num_clients, self.params, env.device)
+        return {**super().server_init(env), "c": c, "c_self_mass": []}
 
     def _update_c(self, server: State, soft: Tensor) -> State:
         c = update_coefficients(
@@ -320,7 +339,7 @@ class KTpFLHomo(Algorithm):
     def server_init(self, env: ServerEnv) -> State:
         n = env.num_clients
         return {
-            "c": torch.full((n, n), 1.0 / n, dtype=torch.float64, device=env.device),
+            "c": initial_c(n, self.params, env.device),
             "weights": env.init_weights(env.arch(0)),
             "personal": {},
             "c_self_mass": [],

@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing
+import re
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,16 @@ Planned = tuple[str, dict[str, Any], list[str]]
 
 
 def _label(algo: dict[str, Any]) -> str:
+    """The entry's ``label`` if it has one, else its name and parameters: ``fedprox(mu=0.01)``."""
+    if "label" in algo:
+        return algo["label"]
     extra = ",".join(f"{k}={v}" for k, v in algo.items() if k != "name")
     return f"{algo['name']}({extra})" if extra else algo["name"]
+
+
+def _unlabelled(algo: dict[str, Any]) -> dict[str, Any]:
+    """The algorithm config of a compare entry (its ``label`` is only the setting's name)."""
+    return {k: v for k, v in algo.items() if k != "label"}
 
 
 def _normalise(
@@ -60,8 +69,16 @@ def _normalise(
             raise PflkitError(
                 f"compare algorithm entry {a} has no 'name': write {{name: fedavg, ...}}"
             )
+        label = a.get("label")
+        if label is not None and not (
+            isinstance(label, str) and re.fullmatch(r"[A-Za-z0-9_.=,()\[\]+-]+", label)
+        ):
+            raise PflkitError(
+                f"compare entry label {label!r} cannot name a run folder: use letters, digits "
+                "and _ . = , ( ) [ ] + - only"
+            )
         # unknown names, bad parameters and a clash with train.weighting fail before anything runs
-        resolve_params(a, weighting)
+        resolve_params(_unlabelled(a), weighting)
     labels = [_label(a) for a in out]
     if len(set(labels)) != len(labels):
         raise PflkitError(
@@ -151,7 +168,7 @@ def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) ->
 
 def _task(cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int):
     """The config of one run: ``cfg`` with ``algo``, the setting's overrides and ``seed``."""
-    raw = cfg.dump() | {"algorithm": algo, "seed": seed}
+    raw = cfg.dump() | {"algorithm": _unlabelled(algo), "seed": seed}
     return validate(apply_overrides(raw, sets))
 
 
@@ -168,7 +185,7 @@ def sweep_plan(cfg: ExperimentConfig) -> list[Planned]:
     if not grid:
         raise PflkitError('a sweep needs a grid: --grid "train.lr=[0.01,0.05]" or sweep.grid')
     algorithms = _normalise(cfg.compare.algorithms, cfg.train.weighting)
-    full = [resolve_params(a, cfg.train.weighting) for a in algorithms]
+    full = [resolve_params(_unlabelled(a), cfg.train.weighting) for a in algorithms]
     for key in grid:
         top = key.split(".")[0]
         if key in ("seed", "algorithm", "algorithm.name") or top in ("compare", "sweep"):
@@ -191,7 +208,8 @@ def sweep_plan(cfg: ExperimentConfig) -> list[Planned]:
             entry = algo | {k[10:]: v for k, v in chosen.items() if k.startswith("algorithm.")}
             rest = {k: v for k, v in chosen.items() if not k.startswith("algorithm.")}
             sets = [f"{k}={json.dumps(v)}" for k, v in rest.items()]
-            tag = "[" + ",".join(f"{k}={v}" for k, v in rest.items()) + "]" if rest else ""
+            tagged = rest if "label" not in algo else chosen  # a label hides the parameters
+            tag = "[" + ",".join(f"{k}={v}" for k, v in tagged.items()) + "]" if tagged else ""
             plan.append((_label(entry) + tag, entry, sets))
     labels = [p[0] for p in plan]
     if len(set(labels)) != len(labels):
