@@ -108,6 +108,36 @@ def test_regularisers_by_hand():
     assert torch.allclose(p.grad, torch.tensor([0.7, 0.4]))
 
 
+def test_one_step_pulls_cov_and_gce_by_mu_times_the_unit_direction():
+    """Eq. 11's mu ||V||_2 + mu ||C||_2: one full-batch SGD step with mu against the same step
+    with mu = 0 differs by exactly lr * mu * V / ||V||_2 (and C / ||C||_2), from numpy."""
+    x, y = data(6, 3, 3)
+
+    def step(mu):
+        algo, senv, env = one_client({"name": "gpfl", "mu": mu}, x, y, 3)
+        server = algo.server_init(senv)
+        torch.manual_seed(0)
+        upd = algo.client_update(env, algo.configure(senv, server, 0, 1, "train"),
+                                 algo.client_init(env), 1, "train")  # fmt: skip
+        return server["shared"], upd
+
+    start, with_mu = step(0.3)
+    _, without = step(0.0)
+    lr, mu = 0.1, 0.3
+    cov = [k for k in start if k.startswith("cov.")]
+    for keys in (cov, [TABLE]):
+        v = {k: start[k].double().numpy() for k in keys}
+        norm = np.sqrt(sum((a**2).sum() for a in v.values()))
+        for k in keys:
+            diff = with_mu.upload["shared"][k].double() - without.upload["shared"][k].double()
+            assert np.allclose(diff.numpy(), -lr * mu * v[k] / norm, atol=1e-6), k
+    c = start[TABLE].double().numpy()
+    norms = np.sqrt(sum((start[k].double().numpy() ** 2).sum() for k in cov)), np.linalg.norm(c)
+    assert with_mu.metrics["train_loss"] - without.metrics["train_loss"] == pytest.approx(
+        mu * sum(norms), rel=1e-5
+    )
+
+
 def test_conditional_inputs_are_the_mean_and_the_label_weighted_mean():
     table = torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.0, 4.0], [5.0, 5.0]])
     alpha = torch.tensor([0.5, 0.25, 0.25, 0.0])

@@ -107,6 +107,10 @@ def test_registry_names_and_descriptions():
         "mnist5k",
         "digits",
         "synthetic",
+        "tiny_imagenet",
+        "har",
+        "ag_news",
+        "amazon_review",
     }
     assert set(SOURCES) == expected
     for key, info in SOURCES.items():

@@ -86,7 +86,9 @@ AtOpt = Annotated[
     typer.Option(
         "--at",
         help="Which number of each run: last (round), mean_last (mean of the last eval.last "
-        "rounds) or val_round (the round chosen on validation).",
+        "rounds), val_round (the round chosen on validation) or best_test (the paper protocol, "
+        "optimistic: the evaluated round with the best weighted accuracy on test, with the std "
+        "and CV over clients there).",
     ),
 ]
 MetricOpt = Annotated[

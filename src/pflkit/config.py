@@ -124,12 +124,30 @@ class ModelConfig(_Section):
 
 class TrainConfig(_Section):
     rounds: int = Field(50, gt=0)
-    client_fraction: float = Field(1.0, gt=0, le=1)
+    # the share of the clients sampled each round, max(round(share * K), 1) of them; a range
+    # [a, b] draws the share uniformly from [a, b] anew each round, from the seed and the round
+    # (GPFL's random participation, its Table 4; pflkit.engine.simulation.round_fraction)
+    client_fraction: float | list[float] = 1.0
     local_epochs: int = Field(1, gt=0)
     batch_size: int = Field(10, gt=0)
     lr: float = Field(0.005, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
+
+    @field_validator("client_fraction", mode="before")
+    @classmethod
+    def _share_or_range(cls, v: Any) -> Any:
+        def share(x: Any) -> bool:
+            return isinstance(x, int | float) and not isinstance(x, bool) and 0 < x <= 1
+
+        if share(v):
+            return v
+        if isinstance(v, list | tuple) and len(v) == 2 and all(map(share, v)) and v[0] <= v[1]:
+            return [float(x) for x in v]
+        raise ValueError(
+            "must be a share of the clients in (0, 1], or a range [a, b] with 0 < a <= b <= 1 "
+            "(e.g. [0.1, 1.0]) to draw a new share each round"
+        )
 
     @field_validator("lr")
     @classmethod
@@ -258,7 +276,7 @@ class SweepConfig(_Section):
     metric: Literal["pers_acc_mean", "pers_acc_weighted", "pers_acc_worst10", "global_acc"] = (
         "pers_acc_mean"
     )
-    at: Literal["last", "mean_last", "val_round"] = "last"
+    at: Literal["last", "mean_last", "val_round", "best_test"] = "last"
 
 
 class ExperimentConfig(_Section):

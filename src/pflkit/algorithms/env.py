@@ -98,7 +98,10 @@ class RunFacts:
 
     @property
     def client_fraction(self) -> float:
-        return self.train.client_fraction
+        """The share of clients per round; for a range ``[a, b]`` (a new share drawn each
+        round) its expected value ``(a + b) / 2``."""
+        f = self.train.client_fraction
+        return float(f) if isinstance(f, int | float) else (f[0] + f[1]) / 2
 
 
 @dataclass

@@ -139,7 +139,29 @@ def mlg_loss(f_g: Tensor, targets: Tensor, form: str = "mean_l2") -> Tensor:
 
 def reg_norms(tensors: list[Tensor]) -> Tensor:
     """||.||_2 of the tensors taken together as one vector."""
-    return torch.sqrt(sum(t.pow(2).sum() for t in tensors))
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+
+
+class NormPenalty:
+    """``mu * sum_V ||V||_2`` over groups V of tensors (Eq. 11's regularisers) with its gradient
+    ``mu * V / ||V||_2`` added in closed form by a grad hook instead of through autograd (the
+    same gradient; it saves the graph of the norms over CoV's ~0.5M entries at every step).
+    :meth:`value` (in the loss, no gradient) computes the norms; the hook, which runs after that
+    step's backward pass and before its optimiser step, reuses them."""
+
+    def __init__(self, groups: list[list[Tensor]], mu: float):
+        self.groups, self.mu, self.norms = groups, mu, []
+
+    @torch.no_grad()
+    def value(self) -> Tensor:
+        self.norms = [reg_norms(ts) for ts in self.groups]
+        return self.mu * sum(self.norms)
+
+    @torch.no_grad()
+    def __call__(self, params: list[Tensor]) -> None:
+        for ts, norm in zip(self.groups, self.norms, strict=True):
+            if norm > 0:
+                torch._foreach_add_([t.grad for t in ts], ts, alpha=self.mu / float(norm))
 
 
 def decay(tensors: list[Tensor], mu: float) -> GradHook:
@@ -258,9 +280,11 @@ class GPFL(Algorithm):
 
         def loss_fn(model, x, y):
             f = model.features(x)
-            if p.use_cov:
-                f_p = cov_apply(f, *cov_params(cov, pc))
-                f_g = cov_apply(f, *cov_params(cov, g)) if p.use_gce else None
+            if p.use_cov and p.use_gce:  # both routes' gamma, beta in one batched pass
+                gamma, beta = cov_params(cov, torch.stack([pc, g]))
+                f_p, f_g = cov_apply(f, gamma[0], beta[0]), cov_apply(f, gamma[1], beta[1])
+            elif p.use_cov:
+                f_p, f_g = cov_apply(f, *cov_params(cov, pc)), None
             else:
                 f_p = f_g = f
             loss = F.cross_entropy(model.head(f_p), y)
@@ -268,14 +292,18 @@ class GPFL(Algorithm):
                 loss = loss + alg_loss(f_g, table, y)
                 if p.use_mlg and p.lam:
                     loss = loss + p.lam * mlg_loss(f_g, table_hat[y], p.mlg)
-            if p.regulariser == "norm" and p.mu and extra:
-                if cov:
-                    loss = loss + p.mu * reg_norms(list(cov.values()))
-                if table is not None:
-                    loss = loss + p.mu * reg_norms([table])
+            if penalty:  # its value; its gradient comes from the same object's grad hook
+                loss = loss + penalty.value()
             return loss
 
-        hooks = [decay(extra, p.mu)] if p.regulariser == "weight_decay" and p.mu and extra else []
+        hooks: list[GradHook] = []
+        penalty = None
+        if p.regulariser == "norm" and p.mu and extra:
+            groups = [ts for ts in ([*cov.values()], [table] if table is not None else []) if ts]
+            penalty = NormPenalty(groups, p.mu)
+            hooks.append(penalty)
+        if p.regulariser == "weight_decay" and p.mu and extra:
+            hooks.append(decay(extra, p.mu))
         loss = env.train(
             model, loss_fn=loss_fn, params=[*model.parameters(), *extra], grad_hooks=hooks
         )

@@ -17,6 +17,17 @@ Digest sources:
 - CIFAR-10 / CIFAR-100: torchvision ``CIFAR10.tgz_md5`` / ``CIFAR100.tgz_md5``.
 - CINIC-10: MD5 of ``CINIC-10.tar.gz`` as quoted by many independent CINIC-10 loaders
   (the Edinburgh DataShare record lists bitstream MD5s; not re-checked here).
+- Tiny-ImageNet: MD5 of ``tiny-imagenet-200.zip`` as quoted by many independent loaders
+  (e.g. ContinualAI/avalanche ``benchmarks/datasets/tiny_imagenet/tiny_imagenet.py``); no
+  digest is published next to the file. The archive is 248,100,043 bytes.
+- UCI HAR: SHA-256 of the UCI archive's ``UCI HAR Dataset.zip`` (folder ``00240``) as pinned by
+  two independent public loaders (a UCI-datasets loader by N. Lay, NIH, 2021, and a fetch
+  script that checks the same zip inside UCI's newer ``static/public/240`` download); UCI
+  publishes no digest. The file name keeps the URL's ``%20`` escapes (so does the name on
+  disk), because a mirror URL is the base URL plus the file name.
+- AG News: torchtext ``AG_NEWS``'s MD5s of ``train.csv`` and ``test.csv`` (also quoted by
+  DAI-Lab/fibber); the release archive ``ag_news_csv.tar.gz`` has no published digest and is
+  only read when placed by hand. Amazon Review (``amazon.npz``) has none and is not downloaded.
 
 Mirrors: the ``mirrors=`` option of :func:`pflkit.data.sources.load_source` (base URLs that
 hold the files directly) replaces the official list; otherwise the environment variable
@@ -70,6 +81,19 @@ CHECKSUMS: dict[str, dict[str, tuple[str, str]]] = {
     "cinic10": {
         "CINIC-10.tar.gz": ("md5", "6ee4d0c996905fe93221de577967a372"),
     },
+    "tiny_imagenet": {
+        "tiny-imagenet-200.zip": ("md5", "90528d7ca1a48142e341f4ef8d21d0de"),
+    },
+    "har": {
+        "UCI%20HAR%20Dataset.zip": (
+            "sha256",
+            "2045e435c955214b38145fb5fa00776c72814f01b203fec405152dac7d5bfeb0",
+        ),
+    },
+    "ag_news": {  # torchtext AG_NEWS.MD5 (pytorch/text, torchtext/datasets/ag_news.py)
+        "train.csv": ("md5", "b1a00f826fdfbd249f79597b59e1dc12"),
+        "test.csv": ("md5", "d52ea96a97a2d943681189a97654912d"),
+    },
 }
 
 # SHA-256 of the decompressed official Fashion-MNIST IDX files, computed from the Debian
@@ -99,6 +123,12 @@ MIRRORS: dict[str, tuple[str, ...]] = {
     "cifar10": ("https://www.cs.toronto.edu/~kriz/",),
     "cifar100": ("https://www.cs.toronto.edu/~kriz/",),
     "cinic10": ("https://datashare.ed.ac.uk/bitstream/handle/10283/3192/",),
+    "tiny_imagenet": ("http://cs231n.stanford.edu/",),
+    "har": ("https://archive.ics.uci.edu/ml/machine-learning-databases/00240/",),
+    # the copy of the ag_news_csv release that torchtext's AG_NEWS downloads
+    "ag_news": (
+        "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/",
+    ),
 }
 
 

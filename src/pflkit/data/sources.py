@@ -1034,6 +1034,9 @@ def _load_synthetic(
 # Registry
 # --------------------------------------------------------------------------------------------
 
+from pflkit.data.text import _load_ag_news, _load_amazon_review  # noqa: E402 (uses helpers above)
+from pflkit.data.tiny_har import _load_har, _load_tiny_imagenet  # noqa: E402 (uses helpers above)
+
 SOURCES: dict[str, SourceInfo] = {
     info.name: info
     for info in [
@@ -1091,6 +1094,30 @@ SOURCES: dict[str, SourceInfo] = {
             "synthetic: FedProx Synthetic(alpha, beta) 60-dim vectors, 10 classes, grouped by "
             "user (generated; options alpha, beta, iid, num_users, seed)",
             _load_synthetic,
+        ),
+        SourceInfo(
+            "ag_news",
+            "AG News: 120k/7.6k news texts as max_len token ids (basic_english, train-only "
+            "vocabulary), 4 classes; options max_len, min_freq, max_vocab (downloaded)",
+            _load_ag_news,
+        ),
+        SourceInfo(
+            "amazon_review",
+            "Amazon Review (MDAN/KD3A amazon.npz): 27,677 5,000-dim bag-of-words reviews, "
+            "2 classes, grouped by domain (4); no test set (local file only)",
+            _load_amazon_review,
+        ),
+        SourceInfo(
+            "tiny_imagenet",
+            "Tiny-ImageNet: 100k train / 10k val 64x64 colour images, 200 classes; val (labels "
+            "from val_annotations.txt) is the test set; options cache, mirrors (downloaded)",
+            _load_tiny_imagenet,
+        ),
+        SourceInfo(
+            "har",
+            "UCI HAR: 10,299 9-axis 128-step inertial windows [9, 1, 128], 6 activities, "
+            "grouped by volunteer (30); options layout, official_test (downloaded)",
+            _load_har,
         ),
     ]
 }

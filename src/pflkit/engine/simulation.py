@@ -3,7 +3,9 @@
 Per round ``r`` (1-based):
 
 1. sample the clients of round ``r`` (:func:`sample_clients`, which depends only on the seed,
-   the round and the client count: every algorithm sees the same sequence);
+   the round, the client count and ``train.client_fraction``: every algorithm sees the same
+   sequence; a range ``[a, b]`` draws the round's share first, :func:`round_fraction`, and the
+   row records it as ``client_fraction``);
 2. for each phase of the algorithm: ``configure`` each selected client's payload, hand the
    payloads to the client runner (:mod:`pflkit.engine.clients`: in-process, process pool or
    Flower), count the bytes of payloads and uploads, then ``aggregate`` (torch seeded from
@@ -43,9 +45,22 @@ from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
 
 
-def sample_clients(seed: int, rnd: int, num_clients: int, fraction: float) -> list[int]:
-    """Clients taking part in round ``rnd``: max(round(fraction * K), 1) without replacement."""
-    m = max(int(round(fraction * num_clients)), 1)
+def round_fraction(seed: int, rnd: int, fraction: float | list[float]) -> float:
+    """The share of clients of round ``rnd``: ``fraction`` itself, or for a range ``[a, b]``
+    (GPFL's random participation) a draw uniform in [a, b] from its own generator seeded by
+    (seed, round), so every runner and a resumed run see the same shares."""
+    if isinstance(fraction, int | float):
+        return float(fraction)
+    a, b = fraction
+    return float(np.random.default_rng([seed, rnd, 0x5B]).uniform(a, b))
+
+
+def sample_clients(
+    seed: int, rnd: int, num_clients: int, fraction: float | list[float]
+) -> list[int]:
+    """Clients taking part in round ``rnd``: max(round(share * K), 1) without replacement,
+    ``share`` = :func:`round_fraction` (``fraction`` itself for a number)."""
+    m = max(int(round(round_fraction(seed, rnd, fraction) * num_clients)), 1)
     if m >= num_clients:
         return list(range(num_clients))
     rng = np.random.default_rng([seed, rnd, 0x5A])
@@ -132,7 +147,8 @@ class Simulation:
     def run_round(self, rnd: int) -> dict[str, Any]:
         cfg, algo, senv = self.cfg, self.algo, self.senv
         t0 = time.perf_counter()
-        selected = sample_clients(cfg.seed, rnd, self.data.num_clients, cfg.train.client_fraction)
+        fraction = cfg.train.client_fraction
+        selected = sample_clients(cfg.seed, rnd, self.data.num_clients, fraction)
         draws = {cid: system_draw(cfg.system, cfg.seed, rnd, cid) for cid in selected}
         dropped = [cid for cid in selected if draws[cid][0]]
         stragglers = [cid for cid in selected if draws[cid][1]]
@@ -161,6 +177,8 @@ class Simulation:
                 self.server = algo.aggregate(senv, self.server, uploads, rnd, phase)
         t1 = time.perf_counter()
         row: dict[str, Any] = {"round": rnd, "clients": selected}
+        if isinstance(fraction, list):  # random participation: the round's drawn share
+            row["client_fraction"] = round_fraction(cfg.seed, rnd, fraction)
         if dropped:
             row["dropped_clients"] = dropped
         if stragglers:

@@ -4,7 +4,9 @@
   set, for algorithms that have one.
 - **Personalized accuracy**: every client's personalized model on its own local test split,
   summarised as the unweighted mean over clients, the sample-weighted mean, the std across
-  clients and the mean of the worst 10% of clients (at least one client).
+  clients (population std, ``np.std``, unweighted), its coefficient of variation (std / mean,
+  GPFL's fairness measure after Jain et al.) and the mean of the worst 10% of clients (at least
+  one client).
 - **Validation accuracy** (``data.val_fraction`` > 0): the same two on validation data, for
   choosing hyper-parameters without looking at test accuracy: every client's personalized model
   on its own local validation split (``val_pers_acc_*``, the same summary) and the server's
@@ -27,12 +29,16 @@ from pflkit.algorithms.blocks.training import accuracy_and_loss, predict, set_we
 
 
 def summarize_clients(acc: np.ndarray, counts: np.ndarray) -> dict[str, float]:
-    """Unweighted mean, sample-weighted mean, std and worst-10% mean of per-client accuracy."""
+    """Unweighted mean, sample-weighted mean, std (population: ``ddof=0``, unweighted over
+    clients), coefficient of variation (std / unweighted mean; 0 when every client scores 0)
+    and worst-10% mean of per-client accuracy."""
     worst = np.sort(acc)[: max(math.ceil(0.1 * len(acc)), 1)]
+    mean, std = float(acc.mean()), float(acc.std())
     return {
-        "pers_acc_mean": float(acc.mean()),
+        "pers_acc_mean": mean,
         "pers_acc_weighted": float((acc * counts).sum() / counts.sum()),
-        "pers_acc_std": float(acc.std()),
+        "pers_acc_std": std,
+        "pers_acc_cv": std / mean if mean else 0.0,
         "pers_acc_worst10": float(worst.mean()),
     }
 
@@ -76,5 +82,7 @@ def personal_metrics(acc: Mapping[int, float], num_clients: int, counts: np.ndar
 def val_metrics(acc: Mapping[int, float], counts: np.ndarray) -> dict[str, float]:
     """The summary of the per-client validation accuracies ``acc`` (``counts``: every
     client's validation samples; clients missing from ``acc`` are left out), its keys
-    prefixed with ``val_``."""
-    return {f"val_{k}": v for k, v in _present(acc, counts).items()}
+    prefixed with ``val_`` (the coefficient of variation, a test-fairness number, has no
+    validation twin)."""
+    out = _present(acc, counts)
+    return {f"val_{k}": v for k, v in out.items() if k != "pers_acc_cv"}

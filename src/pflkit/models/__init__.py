@@ -16,6 +16,8 @@ or an author's code; the docstrings of the factory functions give the layers.
 | ``lenet5_bn`` | pFedSim paper Table 5 / FL-bench code | ``cnn.py`` |
 | ``lenet5`` | KT-pFL code's LeNet | ``cnn.py`` |
 | ``fedproto_cnn`` | FedProto code (pFedPM) | ``cnn.py`` |
+| ``har_cnn`` | GPFL/PFLlib code's HARCNN (UCI HAR) | ``har.py`` |
+| ``fasttext``, ``amazon_mlp`` | GPFL code's fastText (AG News), KD3A's AmazonMLP | ``text.py`` |
 """
 
 from pflkit.models.base import ModelInfo, PFLModel

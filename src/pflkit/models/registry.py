@@ -9,9 +9,11 @@ from typing import Any
 from pflkit.errors import PflkitError, unknown_name
 from pflkit.models.base import ModelInfo, PFLModel, check_num_classes, check_shape
 from pflkit.models.cnn import cnn4, fedproto_cnn, femnist_cnn, lenet5, lenet5_bn, map_lenet, tfcnn
+from pflkit.models.har import har_cnn
 from pflkit.models.hetero import ENTRIES as HETERO_ENTRIES
 from pflkit.models.mlp import map_mlpnet, mlp
 from pflkit.models.resnet import resnet18, resnet20, resnet56
+from pflkit.models.text import amazon_mlp, fasttext
 from pflkit.models.vgg import vgg8, vgg8_bn, vgg11
 
 _ENTRIES = [
@@ -98,6 +100,24 @@ _ENTRIES = [
         "FedProto code's CNNMnist/CNNFemnist as used by pFedPM: conv 10-c, FC 50 (feature), "
         "dropout + linear head; options channels, conv1_kernel",
         fedproto_cnn,
+    ),
+    ModelInfo(
+        "fasttext",
+        "GPFL code's fastText for token ids: embedding (vocab_size x hidden 32, padding 0) mean "
+        "over all positions, Linear hidden (feature, no activation), linear head; variant pfllib",
+        fasttext,
+    ),
+    ModelInfo(
+        "amazon_mlp",
+        "KD3A code's AmazonMLP (GPFL's 3-layer MLP for Amazon Review): in-1000-500-100 ReLU "
+        "(feature 100), linear head",
+        amazon_mlp,
+    ),
+    ModelInfo(
+        "har_cnn",
+        "GPFL/PFLlib code's HAR-CNN for 9x1x128 windows: conv 32-64 (1x9), FC 1024-512-C; "
+        "option split: 'last' (head = last FC, default) or 'code' (head = 3 FC, feature 1664)",
+        har_cnn,
     ),
 ]
 

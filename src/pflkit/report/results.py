@@ -12,7 +12,11 @@ Which number of a run is reported (``at``):
 - ``mean_last``: the mean over the evaluated rounds among the last ``eval.last`` rounds;
 - ``val_round``: the round whose validation value of the metric is highest (runs with a
   validation split, ``data.val_fraction``); each metric at the round its own validation twin
-  chooses (``summary.json``'s ``val_round``).
+  chooses (``summary.json``'s ``val_round``);
+- ``best_test``: the paper protocol of GPFL (ICCV 2023) and most pFL papers, optimistic: every
+  number at the evaluated round with the best pooled personalized *test* accuracy
+  (``summary.json``'s ``best_test``), plus the std and coefficient of variation of the
+  per-client accuracies at that round (GPFL's Table 3). Only evaluated rounds count.
 
 Selection (a sweep's second table): for each algorithm, the setting whose mean over seeds of the
 metric's *validation* twin (``val_`` + metric, at the same ``at``) is highest is chosen, and its
@@ -38,11 +42,11 @@ from typing import Any, Literal
 import numpy as np
 
 from pflkit.errors import PflkitError
-from pflkit.report.summary import read_metrics
+from pflkit.report.summary import best_test, read_metrics
 
 PLAN = "plan.json"
-AT = ("last", "mean_last", "val_round")
-At = Literal["last", "mean_last", "val_round"]
+AT = ("last", "mean_last", "val_round", "best_test")
+At = Literal["last", "mean_last", "val_round", "best_test"]
 Select = Literal["val", "test", "none"]
 METRICS = {
     "pers_acc_mean": "personalized acc (%)",
@@ -50,10 +54,15 @@ METRICS = {
     "pers_acc_worst10": "worst 10% (%)",
     "global_acc": "global acc (%)",
 }
+# the fairness columns of --at best_test (GPFL's Table 3: std [CV x 10^-2] across clients)
+FAIRNESS = {"pers_acc_std": "std over clients (%)", "pers_acc_cv": "CV over clients (×100)"}
 _AT_TEXT = {
     "last": "Last-round accuracy",
     "mean_last": "Accuracy averaged over the last evaluated rounds",
     "val_round": "Accuracy at the round chosen on validation",
+    "best_test": "Paper protocol, optimistic (GPFL's and most pFL papers'): every number at the "
+    "evaluated round with the best weighted (pooled) personalized accuracy, chosen on test "
+    "data (only evaluated rounds count: with eval.every > 1, the best of those)",
 }
 
 
@@ -158,6 +167,11 @@ def value(run: Run, metric: str, at: At = "last", val: bool = False) -> float | 
     """The run's ``metric`` (its validation twin with ``val``) reported ``at``; None when the
     run does not record it (e.g. no global model)."""
     s = run.summary
+    if at == "best_test":
+        entry = s.get("best_test")
+        if entry is None and "final" in s:  # a summary written before best_test existed
+            entry = best_test([r for r in run.rows if "pers_acc_mean" in r])
+        return None if entry is None else entry.get(f"val_{metric}" if val else metric)
     if at == "val_round":
         if "val_round" not in s:
             raise PflkitError(
@@ -256,7 +270,7 @@ class Report:
 
     def latex(self) -> str:
         def esc(text: str) -> str:
-            text = text.replace("±", "PLUSMINUS").replace("–", "--")
+            text = text.replace("±", "PLUSMINUS").replace("–", "--").replace("×", "x")
             text = re.sub(r"([&%$#_{}])", r"\\\1", text)
             return text.replace("PLUSMINUS", "$\\pm$")
 
@@ -298,7 +312,8 @@ class Report:
 
 def run_numbers(run: Run) -> dict[str, Any]:
     """A run's reported numbers, flat: ``final.<metric>``, ``mean_last.<metric>``,
-    ``val_round.<metric>`` (and ``val_round.<metric>.round``), cost."""
+    ``val_round.<metric>`` (and ``val_round.<metric>.round``), ``best_test.<metric>`` (and
+    ``best_test.round``), cost."""
     s = run.summary
     out: dict[str, Any] = {"rounds": s.get("rounds")}
     for part in ("final", "mean_last"):
@@ -307,6 +322,7 @@ def run_numbers(run: Run) -> dict[str, Any]:
         }
     for k, e in s.get("val_round", {}).items():
         out |= {f"val_round.{k}": e["value"], f"val_round.{k}.round": e["round"]}
+    out |= {f"best_test.{k}": v for k, v in s.get("best_test", {}).items()}
     kb, sec = _cost(Setting(run.label, [run]))
     return out | {"bytes_per_client_round": kb, "seconds_per_round": sec}
 
@@ -331,7 +347,8 @@ def build_report(
     select: Select = "none",
 ) -> Report:
     """The tables of ``settings``: every setting (mean ± std over seeds, p-value against the
-    best on ``metric``, cost), and with ``select`` the chosen setting of each algorithm."""
+    best on ``metric``, cost; at ``best_test`` also the std and CV over clients), and with
+    ``select`` the chosen setting of each algorithm."""
     if metric not in METRICS:
         raise PflkitError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
     if at not in AT:
@@ -344,13 +361,14 @@ def build_report(
             "selecting on validation needs runs with a validation split: run them with "
             "data.val_fraction > 0 (e.g. 0.1), or select on test (labelled as such)"
         )
+    shown = METRICS | (FAIRNESS if at == "best_test" else {})
     main = {s.label: values(s, metric, at) for s in settings}
     best = choose({k: _mean(v) for k, v in main.items()})
     numbers: dict[str, Any] = {}
     rows = []
     for s in settings:
         kb, sec = _cost(s)
-        cols = {k: values(s, k, at) for k in METRICS}
+        cols = {k: values(s, k, at) for k in shown}
         p = None if best is None or s.label == best else paired_p(main[s.label], main[best])
         numbers[s.label] = {
             "algorithm": s.algorithm,
@@ -367,7 +385,7 @@ def build_report(
             numbers[s.label]["val_" + metric] = list(v.values())
             cells.append(_fmt(v))
         rows.append(cells + [f"{kb / 1024:.1f}", f"{sec:.2f}"])
-    columns = ["setting", *METRICS.values(), "p vs best"]
+    columns = ["setting", *shown.values(), "p vs best"]
     if has_val:
         columns.append(f"validation: {METRICS[metric]}")
     columns += ["KB / client / round", "s / round"]
