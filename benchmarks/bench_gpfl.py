@@ -23,24 +23,17 @@ import argparse
 import statistics
 
 import torch
+from bench_fedavg import CONFIG as ANCHOR  # this folder is on sys.path when run as a script
 
 from pflkit.config import validate
 from pflkit.data.federated import build_federated
 from pflkit.engine.clients import InProcess
 from pflkit.engine.simulation import Simulation
 
-CONFIG = {
+# bench_fedavg.py's anchor setting, scoring only the personalized models
+CONFIG = {k: v for k, v in ANCHOR.items() if k != "algorithm"} | {
     "name": "bench-gpfl",
-    "data": {
-        "dataset": "fashion_mnist",
-        "num_clients": 20,
-        "partition": {"name": "dirichlet", "alpha": 0.1},
-        "test_fraction": 0.25,
-    },
-    "model": {"name": "cnn4"},
-    "train": {"rounds": 1000, "local_epochs": 1, "batch_size": 10, "lr": 0.005},
     "eval": {"every": 1, "global_model": False},
-    "output": {"progress": False},
 }
 
 

@@ -45,10 +45,10 @@ from pflkit.models.base import (
     PFLModel,
     check_num_classes,
     check_shape,
-    numel,
     option_error,
     positive_int,
 )
+from pflkit.models.mlp import mlp
 
 GPFL_VOCAB_SIZE = 98_635  # GPFL repo main.py (AG News, PFLlib's 2023 vocabulary)
 GPFL_HIDDEN = 32  # GPFL repo main.py hidden_dim
@@ -125,24 +125,9 @@ def fasttext(
 
 
 def amazon_mlp(input_shape: Sequence[int], num_classes: int) -> PFLModel:
-    """KD3A's AmazonMLP: flatten -> 1000 -> 500 -> 100 (ReLU each) -> linear head."""
-    name = "amazon_mlp"
-    shape = check_shape(name, input_shape)
-    check_num_classes(name, num_classes)
-    body = nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(numel(shape), 1000),
-        nn.ReLU(),
-        nn.Linear(1000, 500),
-        nn.ReLU(),
-        nn.Linear(500, 100),
-        nn.ReLU(),
-    )
-    return PFLModel(
-        body,
-        nn.Linear(100, num_classes),
-        100,
-        name=name,
-        input_shape=shape,
-        num_classes=num_classes,
-    )
+    """KD3A's AmazonMLP: flatten -> 1000 -> 500 -> 100 (ReLU each) -> linear head: the generic
+    :func:`~pflkit.models.mlp.mlp` with those widths, under its own name."""
+    check_num_classes("amazon_mlp", num_classes)  # errors name this model, not 'mlp'
+    model = mlp(check_shape("amazon_mlp", input_shape), num_classes, hidden=(1000, 500, 100))
+    model.name = "amazon_mlp"
+    return model
