@@ -2,10 +2,12 @@
 
     python benchmarks/ktpfl_groups.py runs/ktpfl-groups
 
-For every finished run in the folders that keeps a coefficient matrix ``c`` (ktpfl and its
-fixed-c arms), this reads ``c`` from the run's last checkpoint (``c[m, n]``: client m's weight in
-client n's teacher) and the run's partition, groups the clients whose training sets hold exactly
-the same classes, and prints per run the mean over clients n of
+For every finished run in the folders of a method that mixes soft predictions into per-client
+teachers (ktpfl and its fixed-c arms, Sim-pFD, TopK-pFD, FedMD), this reads the teacher weights
+of the run's final state from its last checkpoint (the algorithm's own ``mixing_weights``: KT-pFL's
+``c``, Sim-pFD's cosine similarities, ...; ``w[m, n]``: client m's weight in client n's teacher)
+and the run's partition, groups the clients whose training sets hold exactly the same classes,
+and prints per run the mean over clients n of
 
 - self: ``c[n, n]``;
 - group: the total weight on the other members of n's group;
@@ -25,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pflkit.algorithms import build_algorithm
+from pflkit.algorithms.blocks.distill import SoftTeacherKD
 from pflkit.config import load_config
 from pflkit.data.federated import build_federated
 from pflkit.engine.checkpoint import load_checkpoint
@@ -64,13 +68,15 @@ def main(argv: list[str]) -> int:
             if not ckpt_path.exists():
                 continue
             ckpt = load_checkpoint(ckpt_path)
-            if "c" not in ckpt["server"]:
+            cfg = load_config(run / "config.yaml")
+            algo = build_algorithm(cfg.algorithm)
+            if not isinstance(algo, SoftTeacherKD) or "soft" not in ckpt["server"]:
                 continue
             found += 1
-            data = build_federated(load_config(run / "config.yaml").data)
+            data = build_federated(cfg.data)
             table = data.class_table("train")
             rel = relations([frozenset(np.flatnonzero(row).tolist()) for row in table])
-            c = ckpt["server"]["c"].double().numpy()
+            c = algo.mixing_weights(ckpt["server"]).double().numpy()
             got = masses(c, rel)
             uniform = masses(np.full_like(c, 1.0 / len(c)), rel)
             (run / "groups.json").write_text(
@@ -79,9 +85,9 @@ def main(argv: list[str]) -> int:
             cells = " | ".join(f"{got[k]:.3f} ({uniform[k]:.3f})" for k in KINDS)
             print(f"| {run.name} | {ckpt['round']} | {cells} |")
     if not found:
-        print("no finished run with a coefficient matrix in those folders", file=sys.stderr)
+        print("no finished run of a soft-teacher method in those folders", file=sys.stderr)
         return 2
-    print("(in brackets: the same for uniform c)")
+    print("(in brackets: the same for uniform weights)")
     return 0
 
 
