@@ -736,23 +736,39 @@ def _read_png_folder(split_dir: Path) -> tuple[np.ndarray, np.ndarray]:
         pngs = sorted(p for p in cdir.iterdir() if p.suffix.lower() == ".png")
         files += pngs
         labels += [c] * len(pngs)
-    read = _png_reader()
-    out = np.empty((len(files), 32, 32, 3), dtype=np.uint8)
+    x = _decode_images(files, _png_reader(), 32, "PNG", "CINIC-10", "extract CINIC-10 again")
+    return x, np.asarray(labels, dtype=np.int64)
+
+
+def _decode_images(
+    files: Sequence[Path],
+    read: Callable[[Path], np.ndarray],
+    side: int,
+    kind: str,
+    what: str,
+    missing_hint: str,
+) -> np.ndarray:
+    """uint8 ``[N, 3, side, side]`` from the ``kind`` (PNG, JPEG) image files, each read by
+    ``read`` (path -> uint8 ``[H, W, 3]``) in a thread pool (Pillow decodes without the GIL).
+    A missing file, an undecodable one or one of another size is one clear error."""
+    out = np.empty((len(files), side, side, 3), dtype=np.uint8)
 
     def one(i: int) -> None:
         path = files[i]
         try:
             a = read(path)
+        except FileNotFoundError:
+            raise PflkitError(f"{what} image {path} is missing; {missing_hint}") from None
         except Exception as e:  # any decoder error means a bad file
-            raise _corrupt(path, f"cannot decode PNG: {type(e).__name__}: {e}") from None
-        if a.shape != (32, 32, 3):
-            raise _corrupt(path, f"image is {a.shape}, expected 32x32 RGB")
+            raise _corrupt(path, f"cannot decode {kind}: {type(e).__name__}: {e}") from None
+        if a.shape != (side, side, 3):
+            raise _corrupt(path, f"image is {a.shape[1]}x{a.shape[0]}, expected {side}x{side}")
         out[i] = a
 
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         for _ in pool.map(one, range(len(files)), chunksize=256):
             pass
-    return out.transpose(0, 3, 1, 2), np.asarray(labels, dtype=np.int64)
+    return np.ascontiguousarray(out.transpose(0, 3, 1, 2))
 
 
 def _extract_cinic(archive: Path, home: Path) -> None:

@@ -78,7 +78,6 @@ import sys
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -272,28 +271,10 @@ def _jpeg_reader() -> Callable[[Path], np.ndarray]:
 
 
 def _decode_jpegs(files: Sequence[Path]) -> np.ndarray:
-    """uint8 [N, 3, 64, 64] from the JPEG files (threads: Pillow decodes without the GIL)."""
-    read = _jpeg_reader()
-    out = np.empty((len(files), TINY_SIDE, TINY_SIDE, 3), dtype=np.uint8)
-
-    def one(i: int) -> None:
-        path = files[i]
-        try:
-            a = read(path)
-        except FileNotFoundError:
-            raise PflkitError(f"Tiny-ImageNet image {path} is missing; {_REEXTRACT}") from None
-        except Exception as e:  # any decoder error means a bad file
-            raise _s()._corrupt(path, f"cannot decode JPEG: {type(e).__name__}: {e}") from None
-        if a.shape != (TINY_SIDE, TINY_SIDE, 3):
-            raise _s()._corrupt(
-                path, f"image is {a.shape[1]}x{a.shape[0]}, expected {TINY_SIDE}x{TINY_SIDE}"
-            )
-        out[i] = a
-
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        for _ in pool.map(one, range(len(files)), chunksize=256):
-            pass
-    return np.ascontiguousarray(out.transpose(0, 3, 1, 2))
+    """uint8 [N, 3, 64, 64] from the JPEG files."""
+    return _s()._decode_images(
+        files, _jpeg_reader(), TINY_SIDE, "JPEG", "Tiny-ImageNet", _REEXTRACT
+    )
 
 
 def _cache_key(base: Path, files: Sequence[Path], labels: np.ndarray) -> str:
