@@ -24,5 +24,4 @@ def test_shipped_config_and_its_compare_entries_resolve(path):
     cfg = load_config(path)
     resolve_params(cfg.algorithm, cfg.train.weighting)
     for _label, entry, _sets in compare_plan(cfg):
-        algo = {k: v for k, v in entry.items() if k != "label"}  # a label names the setting
-        assert resolve_params(algo, cfg.train.weighting)["name"] == entry["name"]
+        assert resolve_params(entry, cfg.train.weighting)["name"] == entry["name"]

@@ -203,12 +203,12 @@ def update_coefficients(
 ) -> Tensor:
     """New ``c`` after one eq.-7 update on the sub-block of the round's clients ``active``
     (``soft [A, B, C]``, ``num_samples [A]``); each column keeps its mass on ``active``."""
+    if p.coef_update == "fixed":
+        return c
     c = c.clone()
     sub = c[active][:, active]
     mass = sub.sum(0, keepdim=True).clamp_min(1e-300)
     x = sub / mass
-    if p.coef_update == "fixed":
-        return c
     if p.coef_update == "paper":
         w = num_samples.double() / num_samples.double().sum()
         x = coef_step_paper(

@@ -43,7 +43,7 @@ from pflkit.report.results import PLAN, build_report, find_settings
 MANIFEST = "compare.yaml"
 # keys that may differ when a compare is continued: they do not change a run's numbers
 _FREE = ("engine", "output", "threads", "compare", "sweep")
-# a setting: its label, its algorithm entry, its other config overrides (key=value)
+# a setting: its label, its algorithm config (no `label` key), its other overrides (key=value)
 Planned = tuple[str, dict[str, Any], list[str]]
 
 
@@ -168,13 +168,14 @@ def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) ->
 
 def _task(cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int):
     """The config of one run: ``cfg`` with ``algo``, the setting's overrides and ``seed``."""
-    raw = cfg.dump() | {"algorithm": _unlabelled(algo), "seed": seed}
+    raw = cfg.dump() | {"algorithm": algo, "seed": seed}
     return validate(apply_overrides(raw, sets))
 
 
 def compare_plan(cfg: ExperimentConfig) -> list[Planned]:
     """``compare``'s settings: each algorithm of ``compare.algorithms`` as it is."""
-    return [(_label(a), a, []) for a in _normalise(cfg.compare.algorithms, cfg.train.weighting)]
+    algorithms = _normalise(cfg.compare.algorithms, cfg.train.weighting)
+    return [(_label(a), _unlabelled(a), []) for a in algorithms]
 
 
 def sweep_plan(cfg: ExperimentConfig) -> list[Planned]:
@@ -210,7 +211,7 @@ def sweep_plan(cfg: ExperimentConfig) -> list[Planned]:
             sets = [f"{k}={json.dumps(v)}" for k, v in rest.items()]
             tagged = rest if "label" not in algo else chosen  # a label hides the parameters
             tag = "[" + ",".join(f"{k}={v}" for k, v in tagged.items()) + "]" if tagged else ""
-            plan.append((_label(entry) + tag, entry, sets))
+            plan.append((_label(entry) + tag, _unlabelled(entry), sets))
     labels = [p[0] for p in plan]
     if len(set(labels)) != len(labels):
         raise PflkitError("the sweep grid lists a value twice: remove the duplicate")
