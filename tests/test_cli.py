@@ -275,6 +275,53 @@ def test_a_killed_compare_continues_to_the_same_table(cfg_file, tmp_path):
     assert "Traceback" not in other.stderr
 
 
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signalled_parallel_compare_stops_its_workers_and_continues(sig, tmp_path):
+    """A signal to the compare process alone (a cluster's SIGTERM, `kill -INT`) reaches its
+    job workers: each stops at its round's end with a checkpoint, no worker outlives the
+    compare, and the same command continues from there."""
+    import signal
+    import time
+
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(train={"rounds": 400})))
+    cmd = [sys.executable, "-m", "pflkit.cli", "compare", str(path), "--algorithms",
+           "local,fedavg", "--seeds", "0", "--jobs", "2", "-q", "--out", "cut"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    rows = [tmp_path / "cut" / f"{a}-s0" / "metrics.jsonl" for a in ("local", "fedavg")]
+    pids: list[int] = []
+
+    def alive() -> list[int]:
+        return [p for p in [proc.pid, *pids] if Path(f"/proc/{p}/cmdline").exists()]
+
+    try:
+        deadline = time.monotonic() + 120
+        while not all(r.exists() and r.read_text().count("\n") >= 2 for r in rows):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        found = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+        pids = [int(p) for p in found.stdout.split()]
+        assert len(pids) >= 2
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == (143 if sig == "SIGTERM" else 130), err
+        assert "run the same command with --out cut to continue" in err and "Traceback" not in err
+        deadline = time.monotonic() + 10  # the resource tracker exits once its pipe closes
+        while alive():
+            assert time.monotonic() < deadline, "a job worker outlived the compare"
+            time.sleep(0.1)
+    finally:  # a failed check leaves no process behind
+        for pid in alive():
+            os.kill(pid, signal.SIGKILL)
+    for r in rows:
+        assert (r.parent / "checkpoints" / "latest.pt").exists()
+        assert not (r.parent / "summary.json").exists() and not (r.parent / ".lock").exists()
+    if sig == "SIGTERM":  # the same command finishes the runs from their checkpoints
+        again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
+        assert again.returncode == 0, again.stderr
+        assert json.loads((rows[0].parent / "summary.json").read_text())["rounds"] == 400
+
+
 def test_compare_jobs_gives_the_one_job_numbers(cfg_file, tmp_path):
     args = ["--algorithms", "local,fedavg,fedprox", "--seeds", "0", "-q", "--set", "threads=1"]
     one = pflkit("compare", str(cfg_file), *args, "--out", "one", cwd=tmp_path)

@@ -17,7 +17,10 @@ Resumable: running the same compare into the same folder again skips every finis
 folder started with another config is refused. ``jobs`` > 1 runs that many whole runs at
 once, each in its own process with one client runner in-process (``engine.workers: 1``) and
 ``threads`` torch threads (default 1): the numbers equal a one-job compare at the same
-thread count.
+thread count. The job workers run in their own process group and hear signals only through the
+compare: SIGINT or SIGTERM to it lets no new run start and stops every running one at its
+round's end with a checkpoint (a second Ctrl-C: at once); so does a run's failure, whose error
+is then raised.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing
+import os
 import re
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+import signal
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +41,7 @@ from pflkit.algorithms.base import resolve_params
 from pflkit.config import ExperimentConfig, apply_overrides, validate
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.folder import make_folder, write_atomic
-from pflkit.engine.runner import run_experiment
+from pflkit.engine.runner import StopSignals, run_experiment
 from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.report.results import PLAN, build_report, find_settings
 
@@ -120,10 +125,46 @@ def _run_one(
         run_experiment(cfg, out=folder, data=data, progress=progress)
 
 
-def _job(cfg_json: dict[str, Any], folder: str) -> str:
-    """One whole run in a ``jobs`` worker process."""
+_stopping: Any = None  # in a job worker: the compare's "start no new run" event
+
+
+def _init_worker(stopping: Any) -> None:
+    """A job worker: out of the terminal's process group, so that a Ctrl-C reaches it once,
+    through the compare; signals are ignored except while a run listens (StopSignals)."""
+    global _stopping
+    _stopping = stopping
+    os.setpgrp()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _job(cfg_json: dict[str, Any], folder: str) -> str | None:
+    """One whole run in a ``jobs`` worker process (None: not started, the compare is stopping)."""
+    if _stopping.is_set():
+        return None
     _run_one(validate(cfg_json), Path(folder), None, progress=False)
     return Path(folder).name
+
+
+def _tell_workers(sig: int) -> None:
+    for child in multiprocessing.active_children():
+        try:
+            os.kill(child.pid, sig)
+        except ProcessLookupError:  # it has just exited
+            pass
+
+
+class _PassOn(StopSignals):
+    """The compare's signals while jobs run: the first one is recorded (``_run_all`` then
+    stops the workers), a second SIGINT is passed on to them (stop at once)."""
+
+    stopping = "every run stops when its round ends"
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            _tell_workers(signal.SIGINT)
+        else:
+            super()._handle(signum, frame)
 
 
 def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) -> None:
@@ -141,8 +182,13 @@ def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) ->
     console = Console(stderr=True)
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: safe after torch threads
     done = len(tasks) - len(todo)
-    with ProcessPoolExecutor(min(jobs, max(len(todo), 1)), mp_context=ctx) as pool:
-        futures = []
+    stopping, failure = ctx.Event(), None
+    workers = min(jobs, max(len(todo), 1))
+    with (
+        _PassOn() as signalled,
+        ProcessPoolExecutor(workers, ctx, _init_worker, (stopping,)) as pool,
+    ):
+        pending = set()
         for run_cfg, folder in todo:
             solo = run_cfg.model_copy(
                 update={
@@ -150,20 +196,27 @@ def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) ->
                     "engine": run_cfg.engine.model_copy(update={"workers": 1}),
                 }
             )
-            futures.append(pool.submit(_job, solo.model_dump(mode="json"), str(folder)))
-        try:
-            pending = set(futures)
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for f in finished:
-                    name = f.result()  # re-raises a run's error here
+            pending.add(pool.submit(_job, solo.model_dump(mode="json"), str(folder)))
+        while pending:
+            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for f in finished:
+                err = f.exception()
+                if isinstance(err, RunInterrupted):  # signalled (through the compare or not)
+                    signalled.signal = signalled.signal or err.signal
+                elif err is not None:
+                    failure = failure or err
+                elif f.result() is not None:
                     done += 1
                     if progress is not False:
-                        console.print(f"[{done}/{len(tasks)}] {name} finished")
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+                        console.print(f"[{done}/{len(tasks)}] {f.result()} finished")
+            if signalled.signal or failure is not None:
+                # repeated: a run still setting up ignores it until its round loop listens
+                stopping.set()
+                _tell_workers(signal.SIGTERM)
+    if failure is not None:
+        raise failure
+    if signalled.signal:
+        raise RunInterrupted("", signalled.signal)
 
 
 def _task(cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int):
@@ -249,10 +302,11 @@ def run_compare(
     write_atomic(out / PLAN, json.dumps({"settings": settings, "options": options}, indent=1))
     try:
         _run_all(tasks, jobs, progress)
-    except (KeyboardInterrupt, RunInterrupted):
+    except (KeyboardInterrupt, RunInterrupted) as err:
         raise RunInterrupted(
             f"interrupted: run the same command with --out {out} to continue it "
-            "(finished runs are kept, interrupted ones resume from their checkpoints)"
+            "(finished runs are kept, interrupted ones resume from their checkpoints)",
+            getattr(err, "signal", "SIGINT"),
         ) from None
     found, _ = find_settings([out])
     report = build_report(found, **options)

@@ -139,19 +139,24 @@ def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
 
 class StopSignals:
     """While active (main thread only), SIGINT and SIGTERM ask the round loop to stop at the
-    end of the current round (``signal`` names the one received); a second SIGINT stops at
-    once (KeyboardInterrupt)."""
+    end of the current round (``signal`` names the first one received); a later SIGINT stops
+    at once (KeyboardInterrupt), a later SIGTERM changes nothing."""
+
+    #: what the first signal is said to do
+    stopping = "stopping when this round ends"
 
     def __init__(self) -> None:
         self.signal: str | None = None
         self._saved: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if self.signal is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
         self.signal = signal.Signals(signum).name
         print(
-            f"{self.signal} received: stopping when this round ends (Ctrl-C again to stop now)",
+            f"{self.signal} received: {self.stopping} (Ctrl-C again to stop now)",
             file=sys.stderr,
             flush=True,
         )
