@@ -140,23 +140,28 @@ def hypernet_grads(
 
 
 def clip_(grads: list[Tensor], max_norm: float | None) -> None:
-    """Scale ``grads`` in place to total L2 norm at most ``max_norm`` (as
-    ``torch.nn.utils.clip_grad_norm_``)."""
+    """Scale ``grads`` in place to total L2 norm at most ``max_norm``, computed as
+    ``torch.nn.utils.clip_grad_norm_`` does (the official code's call)."""
     if max_norm is None:
         return
-    total = torch.sqrt(sum(g.double().pow(2).sum() for g in grads))
-    coef = max_norm / (float(total) + 1e-6)
+    norms = [torch.linalg.vector_norm(g) for g in grads]
+    coef = max_norm / (float(torch.linalg.vector_norm(torch.stack(norms))) + 1e-6)
     if coef < 1:
         for g in grads:
             g.mul_(coef)
 
 
-def sgd_step(x: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float, wd: float):
-    """One step of ``torch.optim.SGD`` (dampening 0, no Nesterov) from a zero-started momentum
-    buffer: (new x, new buffer)."""
-    d = g + wd * x if wd else g
-    buf = momentum * buf + d if momentum else d
-    return x - lr * buf, buf
+def sgd_step_(x: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float, wd: float) -> None:
+    """One step of ``torch.optim.SGD`` (dampening 0, no Nesterov) in place, with the same
+    in-place operations: ``x`` and the momentum buffer ``buf`` (zero-started, so the first step
+    equals SGD's buffer = gradient) are updated, ``g`` is overwritten. In place because phi is
+    large (tens of millions of numbers for a small CNN): a copy per step dominated the round."""
+    if wd:
+        g.add_(x, alpha=wd)
+    if momentum:
+        buf.mul_(momentum).add_(g)
+        g = buf
+    x.add_(g, alpha=-lr)
 
 
 # -- the algorithm -------------------------------------------------------------------------------
@@ -241,20 +246,15 @@ class PFedHN(Algorithm):
         shapes = self.shapes(env)
         phi0, emb0 = server["phi"], server["embeddings"]
         embed_lr = p.embed_lr if p.embed_lr is not None else p.hn_lr
-        x = _leaves(phi0)
-        m = _leaves(server["momentum"]["phi"])
+        x = [t.clone() for t in _leaves(phi0)]  # stepped in place below
+        m = [t.clone() for t in _leaves(server["momentum"]["phi"])]
         emb, emb_m = emb0.clone(), server["momentum"]["embeddings"].clone()
         for cid in sorted(uploads):  # gradients at the round's phi, steps in client order
             g_phi, g_v = hypernet_grads(phi0, emb0[cid], uploads[cid]["delta"], shapes)
             clip_([*g_phi, g_v], p.grad_clip)
-            stepped = [
-                sgd_step(xi, gi, mi, p.hn_lr, p.momentum, p.weight_decay)
-                for xi, gi, mi in zip(x, g_phi, m, strict=True)
-            ]
-            x, m = [s[0] for s in stepped], [s[1] for s in stepped]
-            emb[cid], emb_m[cid] = sgd_step(
-                emb[cid], g_v, emb_m[cid], embed_lr, p.momentum, p.weight_decay
-            )
+            for xi, gi, mi in zip(x, g_phi, m, strict=True):
+                sgd_step_(xi, gi, mi, p.hn_lr, p.momentum, p.weight_decay)
+            sgd_step_(emb[cid], g_v, emb_m[cid], embed_lr, p.momentum, p.weight_decay)
         return {
             **server,
             "phi": _rebuild(phi0, x),

@@ -9,7 +9,7 @@ model delta Delta y_i and control delta Delta c_i (uploaded). Private: the clien
 c_i (client state ``control``), and for ``personal="local"`` the client's last local model.
 
 Client i, from the downloaded x and c, with K = epochs * ceil(n_i / B) local steps at lr eta_l
-(paper Algorithm 1, lines 7-13)::
+(``train.lr`` times the round's ``train.lr_schedule`` factor; paper Algorithm 1, lines 7-13)::
 
     y <- x
     y <- y - eta_l (g_i(y) + c - c_i)                   K times   (Eq. 3 / line 10)
@@ -90,6 +90,7 @@ from pflkit.algorithms.blocks.training import (
     Weights,
     cross_entropy,
     get_weights,
+    scheduled_lr,
     set_weights,
     shift_grad,
     steps_per_epoch,
@@ -183,9 +184,10 @@ def scaffold_local_steps(
     if steps == 0:
         delta_c = {k: torch.zeros_like(v) for k, v in c_local.items()}
     else:
-        # c_i+ - c_i = -c + (x - y) / (K lr), K the steps run (a straggler runs fewer)
-        k_steps = env.work_steps(steps)
-        delta_c = {k: -delta_y[k] / (k_steps * lr) - c_global[k] for k in c_local}
+        # c_i+ - c_i = -c + (x - y) / (K lr), K the steps run (a straggler runs fewer), lr the
+        # one the steps ran at (times the round's train.lr_schedule factor)
+        k_steps, step_lr = env.work_steps(steps), scheduled_lr(lr)
+        delta_c = {k: -delta_y[k] / (k_steps * step_lr) - c_global[k] for k in c_local}
     new_c = {k: c_local[k] + delta_c[k] for k in c_local}
     return ScaffoldStep(y, new_c, delta_y, delta_c, loss)
 

@@ -79,12 +79,18 @@ def local_optim(name: str, lr_scale: float = 1.0) -> Iterator[None]:
         _LOCAL_OPTIM.reset(token)
 
 
+def scheduled_lr(lr: float) -> float:
+    """``lr`` as :func:`local_sgd` runs it inside the enclosing :func:`local_optim` (times the
+    round's ``train.lr_schedule`` factor): for formulas that divide by the step size."""
+    return lr * _LOCAL_OPTIM.get().lr_scale
+
+
 def make_optimizer(
     params: list[Tensor], lr: float, momentum: float, weight_decay: float
 ) -> torch.optim.Optimizer:
     """The optimiser of the enclosing :func:`local_optim` (default: SGD), at its scaled lr."""
     o = _LOCAL_OPTIM.get()
-    lr = lr * o.lr_scale
+    lr = scheduled_lr(lr)
     if o.name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if o.name == "adamw":
