@@ -84,12 +84,12 @@ from pflkit.algorithms.blocks.training import (
     Weights,
     get_weights,
     proximal_pull,
+    scheduled_lr,
     set_weights,
     steps_per_epoch,
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.config import lr_factor
 from pflkit.errors import PflkitError
 
 Variant = Literal["paper", "code"]
@@ -197,7 +197,7 @@ class FedNova(FedAvg):
         loss = env.train(model, loss_fn=self.local_objective(env, payload), grad_hooks=hooks)
         trained = get_weights(model)
         steps = self.local_steps(env)
-        eta = t.lr * lr_factor(t, rnd)
+        eta = scheduled_lr(t.lr)  # the lr the steps ran at
         a = nova_norm(steps, t.momentum, eta * p.prox_mu, p.variant)
         params = dict(model.named_parameters())
         d = {k: (x[k] - trained[k]) / a if a else torch.zeros_like(x[k]) for k in params}
