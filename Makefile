@@ -20,8 +20,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/pflkit compare configs/quickstart.yaml --out runs/quickstart-$$(date +%Y%m%d-%H%M%S)
 
+# one pytest worker per core (pytest-xdist); each test then runs on one torch thread or in its
+# own subprocesses, and the idle time of the process tests (Flower, signals) is filled
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_fedavg.py

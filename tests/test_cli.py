@@ -1,4 +1,5 @@
-"""The command line, run as a user would: real subprocesses, exit codes, output folders."""
+"""The command line, run as a user would: real subprocesses, exit codes, output folders (the
+checks of bad input call the same entry point in this process: conftest's ``cli``)."""
 
 from __future__ import annotations
 
@@ -106,8 +107,8 @@ def test_partition_prints_table_and_heatmap(cfg_file, tmp_path):
         ("compare.algorithms=[]", "compare.algorithms"),
     ],
 )
-def test_bad_input_is_one_sentence_and_exit_2(cfg_file, tmp_path, override, message):
-    r = pflkit("run", str(cfg_file), "--set", override, "--out", "bad", cwd=tmp_path)
+def test_bad_input_is_one_sentence_and_exit_2(cli, cfg_file, tmp_path, override, message):
+    r = cli("run", str(cfg_file), "--set", override, "--out", "bad", cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr
     assert "Traceback" not in r.stderr
@@ -115,20 +116,20 @@ def test_bad_input_is_one_sentence_and_exit_2(cfg_file, tmp_path, override, mess
     assert not (tmp_path / "bad").exists()  # no half-written run folder
 
 
-def test_unreadable_and_invalid_config_files(tmp_path):
-    r = pflkit("run", "missing.yaml", cwd=tmp_path)
+def test_unreadable_and_invalid_config_files(cli, tmp_path):
+    r = cli("run", "missing.yaml", cwd=tmp_path)
     assert r.returncode == 2 and "cannot read config file 'missing.yaml'" in r.stderr
     (tmp_path / "broken.yaml").write_text("data: [unclosed\n")
-    r = pflkit("run", "broken.yaml", cwd=tmp_path)
+    r = cli("run", "broken.yaml", cwd=tmp_path)
     assert r.returncode == 2 and "not valid YAML" in r.stderr
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
-    r = pflkit("run", "list.yaml", cwd=tmp_path)
+    r = cli("run", "list.yaml", cwd=tmp_path)
     assert r.returncode == 2 and "must be a mapping" in r.stderr
     (tmp_path / "dup.yaml").write_text("train:\n  rounds: 1\n  rounds: 2\n")
-    r = pflkit("run", "dup.yaml", cwd=tmp_path)
+    r = cli("run", "dup.yaml", cwd=tmp_path)
     assert r.returncode == 2 and "line 3: key 'rounds' appears twice" in r.stderr
     (tmp_path / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
-    r = pflkit("run", "latin1.yaml", cwd=tmp_path)
+    r = cli("run", "latin1.yaml", cwd=tmp_path)
     assert r.returncode == 2 and "is not UTF-8 text" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -139,8 +140,8 @@ def test_yaml_reads_1e_minus_1_as_a_number(tmp_path):
     assert load_config(tmp_path / "c.yaml").data.partition["alpha"] == 0.1
 
 
-def test_missing_dataset_without_network_says_where_to_put_files(cfg_file, tmp_path):
-    r = pflkit(
+def test_missing_dataset_without_network_says_where_to_put_files(cli, cfg_file, tmp_path):
+    r = cli(
         "run", str(cfg_file), "--set", "data.dataset=cifar10", "--set", f"data.root={tmp_path / 'empty'}",
         "--out", "bad", cwd=tmp_path, PFLKIT_MIRROR="http://127.0.0.1:9",  # a closed port
     )  # fmt: skip
@@ -149,10 +150,10 @@ def test_missing_dataset_without_network_says_where_to_put_files(cfg_file, tmp_p
     assert not (tmp_path / "bad").exists()
 
 
-def test_existing_run_folder_is_not_overwritten(cfg_file, tmp_path):
+def test_existing_run_folder_is_not_overwritten(cli, cfg_file, tmp_path):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "keep.txt").write_text("x")
-    r = pflkit("run", str(cfg_file), "--out", "r", cwd=tmp_path)
+    r = cli("run", str(cfg_file), "--out", "r", cwd=tmp_path)
     assert r.returncode == 2 and "already exists" in r.stderr
 
 
@@ -187,11 +188,11 @@ def test_a_user_error_inside_a_worker_is_one_sentence_and_exit_2(tmp_path):
     assert "in round 1: local training diverged; lower train.lr" in lines[0]
 
 
-def test_bad_engine_settings_are_one_sentence(cfg_file, tmp_path):
-    r = pflkit("run", str(cfg_file), "--set", "engine.workers=0", "--out", "r", cwd=tmp_path)
+def test_bad_engine_settings_are_one_sentence(cli, cfg_file, tmp_path):
+    r = cli("run", str(cfg_file), "--set", "engine.workers=0", "--out", "r", cwd=tmp_path)
     assert r.returncode == 2 and "engine.workers" in r.stderr and "positive number" in r.stderr
     assert not (tmp_path / "r").exists()
-    r = pflkit("run", str(cfg_file), "--set", "engine.workers=2", "--set", "device=cuda:0",
+    r = cli("run", str(cfg_file), "--set", "engine.workers=2", "--set", "device=cuda:0",
                "--out", "r", cwd=tmp_path)  # fmt: skip
     # no accelerator here: the device itself is refused first
     assert r.returncode == 2 and "device 'cuda:0' is not available" in r.stderr
@@ -245,7 +246,7 @@ def test_a_killed_compare_continues_to_the_same_table(cfg_file, tmp_path):
     import time
 
     args = ["--algorithms", "local,fedavg", "--seeds", "0,1", "-q"]
-    sets = ["--set", "train.rounds=20", "--set", "output.checkpoint_every=1"]
+    sets = ["--set", "train.rounds=8", "--set", "output.checkpoint_every=1"]
     whole = pflkit("compare", str(cfg_file), *args, *sets, "--out", "whole", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr
     cmd = [sys.executable, "-m", "pflkit.cli", "compare", str(cfg_file), *args, *sets]
@@ -284,7 +285,7 @@ def test_a_signalled_parallel_compare_stops_its_workers_and_continues(sig, tmp_p
     import time
 
     path = tmp_path / "long.yaml"
-    path.write_text(yaml.safe_dump(tiny_config(train={"rounds": 400})))
+    path.write_text(yaml.safe_dump(tiny_config(train={"rounds": 400}, eval={"every": 50})))
     cmd = [sys.executable, "-m", "pflkit.cli", "compare", str(path), "--algorithms",
            "local,fedavg", "--seeds", "0", "--jobs", "2", "-q", "--out", "cut"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
@@ -454,11 +455,11 @@ def test_a_tracker_without_its_package_is_refused_before_anything_is_written(
         (["flower", "local", "CFG", "--node-wait", "nan"], "--node-wait nan is not a number"),
     ],
 )
-def test_bad_paths_and_waits_are_one_sentence(cfg_file, tmp_path, args, message):
+def test_bad_paths_and_waits_are_one_sentence(cli, cfg_file, tmp_path, args, message):
     (tmp_path / "afile").write_text("")
     (tmp_path / "adir").mkdir()
     before = sorted(p.name for p in tmp_path.iterdir())
-    r = pflkit(*[str(cfg_file) if a == "CFG" else a for a in args], cwd=tmp_path)
+    r = cli(*[str(cfg_file) if a == "CFG" else a for a in args], cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -78,9 +78,9 @@ def test_split_clients_into_contiguous_ranges():
         ),
     ],
 )
-def test_bad_input_is_one_sentence_and_exit_2(args, message, cfg_file, tmp_path):  # noqa: F811
+def test_bad_input_is_one_sentence_and_exit_2(cli, args, message, cfg_file, tmp_path):  # noqa: F811
     args = [str(cfg_file) if a == "CFG" else a for a in args]
-    r = pflkit("flower", *args, "--out", "out", cwd=tmp_path)
+    r = cli("flower", *args, "--out", "out", cwd=tmp_path)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists()

@@ -21,7 +21,6 @@ from pflkit.errors import PflkitError
 from pflkit.eval import personal_metrics, summarize_clients, val_metrics
 from pflkit.report.results import build_report, find_settings, make_report
 from pflkit.report.summary import summarize
-from test_cli import pflkit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -167,10 +166,10 @@ def test_a_bad_share_or_range_is_one_sentence(bad):
     assert "\n" not in text
 
 
-def test_cli_bad_range_exits_2(tmp_path):
+def test_cli_bad_range_exits_2(cli, tmp_path):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump(tiny_config()))
-    r = pflkit("run", str(cfg), "--set", "train.client_fraction=[0.9, 0.1]", cwd=tmp_path)
+    r = cli("run", str(cfg), "--set", "train.client_fraction=[0.9, 0.1]", cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "[0.9, 0.1]" in r.stderr
 

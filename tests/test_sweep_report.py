@@ -235,17 +235,17 @@ def test_sweep_from_the_cli_selects_on_validation(tmp_path):
         (["report"], "needs run folders"),
     ],
 )
-def test_sweep_and_report_bad_input_is_one_sentence(tmp_path, args, message):
+def test_sweep_and_report_bad_input_is_one_sentence(cli, tmp_path, args, message):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump(tiny_config(train={"rounds": 1})))
-    r = pflkit(*[str(cfg) if a == "CFG" else a for a in args], cwd=tmp_path)
+    r = cli(*[str(cfg) if a == "CFG" else a for a in args], cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()  # nothing half-made
 
 
-def test_report_refuses_unfinished_runs_and_missing_numbers(tmp_path):
+def test_report_refuses_unfinished_runs_and_missing_numbers(cli, tmp_path):
     run = tmp_path / "r"
     _fake_run(run, "fedavg", 0, 0.5, 0.5)
     for args, message in [
@@ -253,10 +253,10 @@ def test_report_refuses_unfinished_runs_and_missing_numbers(tmp_path):
         (["r", "--format", "pdf"], "unknown --format 'pdf'"),
         (["r", "--metric", "acc"], "unknown metric 'acc'"),
     ]:
-        r = pflkit("report", *args, cwd=tmp_path)
+        r = cli("report", *args, cwd=tmp_path)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
     (run / "summary.json").unlink()
-    r = pflkit("report", "r", cwd=tmp_path)
+    r = cli("report", "r", cwd=tmp_path)
     assert r.returncode == 2 and "has not finished: finish it with pflkit run --resume" in r.stderr
     with pytest.raises(PflkitError, match="validation split"):
         _fake_run(tmp_path / "n", "fedavg", 0, 0.5, 0.5)

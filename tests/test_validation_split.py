@@ -6,9 +6,6 @@ model's accuracy recomputed here with plain tensor algebra (not pflkit's scoring
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -151,15 +148,10 @@ def test_a_client_too_small_for_three_splits_is_one_sentence():
         )
 
 
-def test_cli_refuses_bad_fractions_with_exit_2(tmp_path):
+def test_cli_refuses_bad_fractions_with_exit_2(cli, tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(tiny_config()))
-    r = subprocess.run(
-        [sys.executable, "-m", "pflkit.cli", "run", str(path), "--set", "data.val_fraction=0.8",
-         "--out", "bad"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env=os.environ | {"COLUMNS": "200"},
-    )  # fmt: skip
+    r = cli("run", str(path), "--set", "data.val_fraction=0.8", "--out", "bad", cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "data.test_fraction + data.val_fraction must be below 1 (got 0.25 + 0.8)" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
