@@ -193,7 +193,7 @@ def test_bad_engine_settings_are_one_sentence(cli, cfg_file, tmp_path):
     assert r.returncode == 2 and "engine.workers" in r.stderr and "positive number" in r.stderr
     assert not (tmp_path / "r").exists()
     r = cli("run", str(cfg_file), "--set", "engine.workers=2", "--set", "device=cuda:0",
-               "--out", "r", cwd=tmp_path)  # fmt: skip
+            "--out", "r", cwd=tmp_path)  # fmt: skip
     # no accelerator here: the device itself is refused first
     assert r.returncode == 2 and "device 'cuda:0' is not available" in r.stderr
     assert not (tmp_path / "r").exists()
