@@ -324,7 +324,7 @@ def test_a_signalled_parallel_compare_stops_its_workers_and_continues(sig, tmp_p
 
 
 def test_compare_jobs_gives_the_one_job_numbers(cfg_file, tmp_path):
-    args = ["--algorithms", "local,fedavg,fedprox", "--seeds", "0", "-q", "--set", "threads=1"]
+    args = ["--algorithms", "local,fedavg,fedprox", "--seeds", "0", "-q"]
     one = pflkit("compare", str(cfg_file), *args, "--out", "one", cwd=tmp_path)
     two = pflkit("compare", str(cfg_file), *args, "--jobs", "2", "--out", "two", cwd=tmp_path)
     assert one.returncode == 0 and two.returncode == 0, two.stderr

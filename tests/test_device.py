@@ -22,8 +22,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def two_rounds(name: str, device: str = "cpu", **sections):
     """Every algorithm on a tiny run that exercises its whole round: partial participation, a
     public set, a validation split, MAP's selected-clients protocol, two rounds (the second
-    uses the first's server state), one torch thread."""
-    raw = tiny_config(algorithm={"name": name}, device=device, threads=1, **sections)
+    uses the first's server state), one torch thread (tiny_config's)."""
+    raw = tiny_config(algorithm={"name": name}, device=device, **sections)
     raw["data"] |= {"public": {"dataset": "digits", "size": 64}, "val_fraction": 0.2}
     raw["train"] |= {"client_fraction": 0.75, "rounds": 2}
     raw["eval"] = {"selected_clients": True}

@@ -47,7 +47,7 @@ def results(run_dir: Path) -> tuple[list[dict], dict]:
 def setup(tmp_path_factory):
     """The config (6 rounds, a checkpoint every 2) and its uninterrupted run."""
     tmp = tmp_path_factory.mktemp("faults")
-    raw = tiny_config(train={"rounds": 6, "client_fraction": 0.5}, threads=1)
+    raw = tiny_config(train={"rounds": 6, "client_fraction": 0.5})
     raw["output"] = {"checkpoint_every": 2, "progress": False}
     (tmp / "cfg.yaml").write_text(yaml.safe_dump(raw))
     r = pflkit("run", "cfg.yaml", "--out", "ref", cwd=tmp)

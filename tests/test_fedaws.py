@@ -96,7 +96,7 @@ def test_one_server_step_moves_the_embeddings_apart_by_the_expected_amount():
 
 
 def _sim(**algo):
-    return Simulation(validate(tiny_config(algorithm=algo, train={"rounds": 2}, threads=1)))
+    return Simulation(validate(tiny_config(algorithm=algo, train={"rounds": 2})))
 
 
 def test_server_step_changes_only_the_class_embeddings():

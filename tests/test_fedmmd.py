@@ -91,7 +91,7 @@ def test_loss_matches_numpy_multi_kernel_and_global_stream_gets_no_gradient():
 
 
 def test_global_stream_is_the_downloaded_model():
-    cfg = validate(tiny_config(algorithm={"name": "fedmmd", "lam": 0.5}, threads=1))
+    cfg = validate(tiny_config(algorithm={"name": "fedmmd", "lam": 0.5}))
     sim = Simulation(cfg)
     env = sim.envs[0]
     torch.manual_seed(3)
@@ -110,7 +110,7 @@ def test_global_stream_is_the_downloaded_model():
 
 
 def run(algorithm: dict, rounds: int = 2, **train):
-    cfg = validate(tiny_config(algorithm=algorithm, train={"rounds": rounds, **train}, threads=1))
+    cfg = validate(tiny_config(algorithm=algorithm, train={"rounds": rounds, **train}))
     sim = Simulation(cfg)
     rows = [sim.run_round(r) for r in range(1, rounds + 1)]
     sim.close()
@@ -137,7 +137,6 @@ def feature_mmd_after_training(lam: float) -> float:
         tiny_config(
             algorithm={"name": "fedmmd", "lam": lam},
             train={"rounds": 1, "local_epochs": 3, "lr": 0.1},
-            threads=1,
         )
     )
     sim = Simulation(cfg)

@@ -98,7 +98,6 @@ def config(name: str, rounds: int = 2, **algo):
         tiny_config(
             algorithm={"name": name, **algo},
             train={"rounds": rounds, "client_fraction": 0.5},
-            threads=1,
         )
     )
 

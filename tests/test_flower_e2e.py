@@ -49,7 +49,7 @@ def test_flower_deployment_with_tls_and_node_auth_equals_the_embedded_engine(
     """MAP (stateful clients; the default suite), FedAvg and KT-pFL (soft-prediction payloads;
     ``-m slow``): 3 rounds each, over TLS with authenticated SuperNodes; final metrics equal
     the embedded engine's. Flower starts a fresh ClientApp process (imports included) for
-    every message, so each case takes a minute or two here; every algorithm's payloads are
+    every message, so each case takes minutes here; every algorithm's payloads are
     checked through the same codec and round loop in test_conformance (a fake grid)."""
     with Federation(NODES, tmp_path / "fed", auth=True) as fed:
         assert (tmp_path / "fed" / "certs" / "ca.pem").exists()

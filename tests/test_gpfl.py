@@ -181,7 +181,7 @@ def test_inference_goes_through_the_personalized_route():
 
 def test_without_cov_and_gce_gpfl_is_fedper(tmp_path):
     def run(algo):
-        cfg = validate(tiny_config(algorithm=algo, train={"rounds": 2}, threads=1))
+        cfg = validate(tiny_config(algorithm=algo, train={"rounds": 2}))
         return [r["pers_acc_mean"] for r in run_experiment(cfg, out=tmp_path / algo["name"]).rows]
 
     assert run({"name": "gpfl", "use_cov": False, "use_gce": False}) == run({"name": "fedper"})
@@ -200,7 +200,7 @@ def body_params(hidden=32, d=64):
     ],
 )
 def test_only_shared_parts_go_over_the_wire(tmp_path, algo, shared):
-    cfg = validate(tiny_config(algorithm=algo, train={"rounds": 1}, threads=1))
+    cfg = validate(tiny_config(algorithm=algo, train={"rounds": 1}))
     row = run_experiment(cfg, out=tmp_path / "r").rows[0]
     # digits: 64 features, 10 classes; mlp [32]; float32 = 4 bytes; + 8 for num_samples
     assert set(row["bytes_down"]) == {4 * shared} and set(row["bytes_up"]) == {4 * shared + 8}

@@ -201,7 +201,7 @@ HEAD = 32 * 10 + 10
 def test_only_shared_parts_go_over_the_wire(tmp_path, name, shared):
     cfg = validate(
         tiny_config(algorithm={"name": name, **({"head_epochs": 1} if name == "fedrep" else {})},
-                    train={"rounds": 1}, threads=1)
+                    train={"rounds": 1})
     )  # fmt: skip
     result = run_experiment(cfg, out=tmp_path / "r")
     row = result.rows[0]

@@ -88,7 +88,7 @@ def test_client_loss_contrasts_against_the_global_and_the_previous_model():
 @pytest.fixture(scope="module")
 def sims():
     def make(**algo):
-        cfg = tiny_config(algorithm=algo, train={"rounds": 2, "client_fraction": 0.75}, threads=1)
+        cfg = tiny_config(algorithm=algo, train={"rounds": 2, "client_fraction": 0.75})
         return Simulation(validate(cfg))
 
     return make

@@ -68,7 +68,7 @@ def test_defaults_change_nothing(tiny):
 
 
 def test_dropped_clients_are_seeded_and_the_same_in_every_runner(tiny):
-    cfg = tiny(train={"rounds": 4}, system={"dropout": 0.5}, threads=1)
+    cfg = tiny(train={"rounds": 4}, system={"dropout": 0.5})
     first = rows(cfg)
     expected = [
         [c for c in r["clients"] if system_draw(cfg.system, cfg.seed, r["round"], c)[0]]
@@ -94,7 +94,7 @@ def test_flower_drops_the_same_clients(tiny, tmp_path):
     gen = task_identity()
     next(gen)
     try:
-        cfg = tiny(system={"dropout": 0.4, "stragglers": 0.5}, threads=1)
+        cfg = tiny(system={"dropout": 0.4, "stragglers": 0.5})
         nodes = {101: {"client-ids": "0,1"}, 202: {"client-ids": "2,3"}}
         flower, _ = flower_run(cfg, tmp_path, nodes, grid=FakeGrid(nodes))
     finally:
@@ -107,7 +107,7 @@ def test_flower_drops_the_same_clients(tiny, tmp_path):
 
 
 def test_a_dropped_client_is_left_out_of_the_fedavg_mean(tiny):
-    cfg = tiny(train={"rounds": 4, "weighting": "samples"}, system={"dropout": 0.5}, threads=1)
+    cfg = tiny(train={"rounds": 4, "weighting": "samples"}, system={"dropout": 0.5})
     runner = Recording()
     with Simulation(cfg, runner=runner) as sim:
         for rnd in range(1, 5):
