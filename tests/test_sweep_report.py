@@ -264,3 +264,44 @@ def test_report_refuses_unfinished_runs_and_missing_numbers(cli, tmp_path):
         del noval["val_round"]
         (tmp_path / "n" / "summary.json").write_text(json.dumps(noval))
         make_report(tmp_path / "n", select="val")
+
+
+def test_keep_runs_copies_the_record_of_finished_runs_only(tmp_path):
+    """benchmarks/keep_runs.sh: the kept folder reports the same table as the compare folder;
+    checkpoints, logs and unfinished runs stay behind; a clashing run name is exit 2."""
+    import subprocess
+
+    script = Path(__file__).parents[1] / "benchmarks" / "keep_runs.sh"
+    src = tmp_path / "cmp"
+    for seed, acc in ((0, 0.6), (1, 0.7)):
+        _fake_run(src / f"fedavg-s{seed}", "fedavg", seed, acc, acc)
+        (src / f"fedavg-s{seed}" / "checkpoints").mkdir()
+        (src / f"fedavg-s{seed}" / "run.log").write_text("log\n")
+    (src / "local-s0").mkdir()
+    (src / "local-s0" / "config.yaml").write_text("seed: 0\n")  # unfinished: no summary.json
+    (src / "compare.yaml").write_text("name: tiny\n")  # the compare's manifest
+    dest = tmp_path / "kept"
+
+    def keep(*folders: Path) -> subprocess.CompletedProcess:
+        args = ["bash", str(script), str(dest), *map(str, folders)]
+        return subprocess.run(args, capture_output=True, text=True)
+
+    first = keep(src)
+    assert first.returncode == 0 and "kept 2 new run(s)" in first.stdout
+    assert sorted(p.name for p in dest.iterdir()) == ["compare.yaml", "fedavg-s0", "fedavg-s1"]
+    assert sorted(p.name for p in (dest / "fedavg-s0").iterdir()) == [
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+    ]
+    assert (
+        make_report(dest).markdown() == make_report(src / "fedavg-s0", src / "fedavg-s1").markdown()
+    )
+    assert "kept 0 new run(s)" in keep(src).stdout  # the same runs again: nothing to do
+    other = tmp_path / "other"
+    _fake_run(other / "fedavg-s0", "fedavg", 0, 0.9, 0.9)
+    clash = keep(other)
+    assert clash.returncode == 2 and "already holds a different run" in clash.stderr
+    (other / "compare.yaml").write_text("name: another\n")
+    assert "runs of another config" in keep(other).stderr
+    assert keep(tmp_path / "missing").returncode == 2

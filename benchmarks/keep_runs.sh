@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Keep the record of finished runs in the repository, so that a later checkout (which has no
+# runs/ folder) can still report them and a long reproduction can be finished over sessions:
+#
+#   benchmarks/keep_runs.sh DEST FOLDER...     # FOLDER: a run, compare or sweep folder
+#   pflkit report DEST                         # the table of every kept run
+#
+# For every finished run (a folder with summary.json) in FOLDER or directly under it, copies
+# config.yaml, summary.json, metrics.jsonl and provenance.json into DEST/<run folder name>/;
+# checkpoints and logs stay behind. Unfinished runs are skipped. A run already kept with the
+# same summary is left as it is; one with a different summary is an error (exit 2), so two
+# different runs never share a name. A compare folder's compare.yaml (the config every run
+# shares) is kept too, so a later session continues the compare from what is kept:
+#
+#   cp -r DEST runs/NAME && pflkit compare CONFIG --out runs/NAME
+set -euo pipefail
+if [[ $# -lt 2 ]]; then
+    echo "usage: benchmarks/keep_runs.sh DEST FOLDER... (run, compare or sweep folders)" >&2
+    exit 2
+fi
+dest=$1
+shift
+kept=0
+for folder in "$@"; do
+    if [[ ! -d $folder ]]; then
+        echo "keep_runs: '$folder' is not a folder: give run, compare or sweep folders" >&2
+        exit 2
+    fi
+    if [[ -f $folder/compare.yaml ]]; then
+        mkdir -p "$dest"
+        if [[ ! -f $dest/compare.yaml ]]; then
+            cp "$folder/compare.yaml" "$dest/compare.yaml"
+        elif ! cmp -s "$folder/compare.yaml" "$dest/compare.yaml"; then
+            echo "keep_runs: '$dest' holds runs of another config than '$folder':" \
+                "keep them under another DEST" >&2
+            exit 2
+        fi
+    fi
+    while IFS= read -r summary; do
+        run=$(dirname "$summary")
+        target=$dest/$(basename "$run")
+        if [[ -f $target/summary.json ]]; then
+            if cmp -s "$summary" "$target/summary.json"; then continue; fi
+            echo "keep_runs: '$target' already holds a different run than '$run':" \
+                "keep it under another DEST or remove it first" >&2
+            exit 2
+        fi
+        mkdir -p "$target"
+        for f in config.yaml summary.json metrics.jsonl provenance.json; do
+            if [[ -f $run/$f ]]; then cp "$run/$f" "$target/$f"; fi
+        done
+        kept=$((kept + 1))
+    done < <(find "$folder" -maxdepth 2 -name summary.json -type f | sort)
+done
+echo "kept $kept new run(s) in $dest"
