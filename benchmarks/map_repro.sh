@@ -2,7 +2,7 @@
 # MAP reproduction on real Fashion-MNIST, LeNet column (docs/map.md, "Reproduction").
 #
 #   benchmarks/map_repro.sh [JOBS] [OUT]        # defaults: 2 jobs, runs/map-fmnist_lenet
-#   python benchmarks/map_table.py fmnist_lenet runs/map-fmnist_lenet
+#   python benchmarks/paper_table.py map/fmnist_lenet runs/map-fmnist_lenet
 #
 # Runs every (method, seed) of configs/map/fmnist_lenet.yaml's compare section as its own
 # `pflkit run`, JOBS at a time with one torch thread each (the numbers equal the process-pool

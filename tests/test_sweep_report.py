@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -305,3 +306,40 @@ def test_keep_runs_copies_the_record_of_finished_runs_only(tmp_path):
     (other / "compare.yaml").write_text("name: another\n")
     assert "runs of another config" in keep(other).stderr
     assert keep(tmp_path / "missing").returncode == 2
+
+
+def test_paper_table_verdicts_by_hand(tmp_path):
+    """benchmarks/paper_table.py, KT-pFL's Table 2 column: Delta = method - KT-pFL (ktpfl_homo)
+    on the last-rounds mean, paired by seed, against the paper's Delta (FedAvg 80.69 - 93.93 =
+    -13.24, pFedHN 92.22 - 93.93 = -1.71, FedAMP 90.79 - 93.93 = -3.14)."""
+    import subprocess
+
+    def run(label: str, accs: tuple[float, ...]) -> None:
+        for seed, acc in enumerate(accs):
+            folder = tmp_path / f"{label}-s{seed}"
+            folder.mkdir()
+            summary = {"final": {"pers_acc_mean": acc}, "mean_last": {"pers_acc_mean": acc}}
+            (folder / "summary.json").write_text(json.dumps(summary))
+
+    run("ktpfl_homo(temperature=1.0)", (0.80, 0.82, 0.84))
+    run("fedavg", (0.70, 0.73, 0.75))  # Delta -10, -9, -9: mean -9.33, std 0.47: reproduced
+    run("pfedhn", (0.85, 0.86, 0.88))  # +5, +4, +4: opposite sign, beyond the std: reversed
+    run("fedamp", (0.81, 0.83, 0.83))  # +1, +1, -1: mean +0.33 < std 0.94: not resolved
+    run("perfedavg", (0.79, 0.83, 0.83))  # -1, +1, -1: mean -0.33 < std 0.94: within noise
+    script = Path(__file__).parents[1] / "benchmarks" / "paper_table.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "ktpfl/fmnist20", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    assert rows["fedavg"][5:8] == ["-9.3 ± 0.5 (n=3)", "-13.2", "reproduced |"]
+    assert rows["pfedhn"][5:8] == ["+4.3 ± 0.5 (n=3)", "-1.7", "reversed |"]
+    assert rows["fedamp"][7] == "not resolved |"
+    assert rows["perfedavg"][7] == "same direction, within noise |"
+    assert rows["ktpfl_homo(temperature=1.0)"][1:5] == ["3", "82.0 ± 1.6", "82.0 ± 1.6", "93.93"]
+    assert "ours (mean of last rounds): pfedhn > fedamp > ktpfl_homo > perfedavg > fedavg\n" in out
+    assert "paper: ktpfl_homo > pfedhn > fedamp > perfedavg > fedavg\n" in out
+    bad = subprocess.run([sys.executable, str(script), "nope", "x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "COLUMN one of map/fmnist_lenet" in bad.stderr
