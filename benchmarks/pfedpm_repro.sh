@@ -9,16 +9,19 @@
 #   pflkit report runs/pfedpm-n3 runs/pfedpm-mh-n3 --at mean_last
 #   python benchmarks/pfedpm_relation.py runs/pfedpm-n3 runs/pfedpm-mh-n3
 #   python benchmarks/pfedpm_comm.py runs/pfedpm-n3 runs/pfedpm-mh-n3
-# Safe to stop and restart: compare keeps finished runs and resumes interrupted ones.
+# Safe to stop and restart: compare keeps finished runs and resumes interrupted ones. Every
+# finished run's record is also kept in KEEP/pfedpm-n<N> (default KEEP: docs/results, by
+# benchmarks/compare_kept.sh) and not run again, so the tables go on over sessions whose
+# checkouts have no runs/ folder (report the kept folders then).
 set -euo pipefail
 JOBS=${1:-2}
 OUT=${2:-runs}
 shift $(($# < 2 ? $# : 2))
 NS=${*:-3 4 5}
-PFLKIT=${PFLKIT:-.venv/bin/pflkit}
+KEEP=${KEEP:-docs/results}
 for n in $NS; do
-    "$PFLKIT" compare configs/pfedpm/fmnist_nway.yaml --set data.partition.n="$n" \
-        --out "$OUT/pfedpm-n$n" --jobs "$JOBS" -q
-    "$PFLKIT" compare configs/pfedpm/fmnist_nway_mh.yaml --set data.partition.n="$n" \
-        --out "$OUT/pfedpm-mh-n$n" --jobs "$JOBS" -q
+    benchmarks/compare_kept.sh "$KEEP/pfedpm-n$n" "$OUT/pfedpm-n$n" \
+        configs/pfedpm/fmnist_nway.yaml --set data.partition.n="$n" --jobs "$JOBS" -q
+    benchmarks/compare_kept.sh "$KEEP/pfedpm-mh-n$n" "$OUT/pfedpm-mh-n$n" \
+        configs/pfedpm/fmnist_nway_mh.yaml --set data.partition.n="$n" --jobs "$JOBS" -q
 done

@@ -343,3 +343,33 @@ def test_paper_table_verdicts_by_hand(tmp_path):
     assert "paper: ktpfl_homo > pfedhn > fedamp > perfedavg > fedavg\n" in out
     bad = subprocess.run([sys.executable, str(script), "nope", "x"], capture_output=True, text=True)
     assert bad.returncode == 2 and "COLUMN one of map/fmnist_lenet" in bad.stderr
+
+
+def test_compare_kept_goes_on_from_the_kept_runs(tmp_path):
+    """benchmarks/compare_kept.sh: a compare kept in KEEP and lost from runs/ is continued from
+    KEEP (its finished runs are not run again: their summaries are byte for byte the kept ones)
+    and the new runs are kept."""
+    import shutil
+    import subprocess
+
+    script = Path(__file__).parents[1] / "benchmarks" / "compare_kept.sh"
+    cfg = tiny_config(train={"rounds": 2}, compare={"algorithms": ["local"], "seeds": [0]})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {"PFLKIT": str(Path(sys.executable).parent / "pflkit"), "PATH": "/usr/bin:/bin"}
+
+    def compare(algorithms: str) -> subprocess.CompletedProcess:
+        args = ["bash", str(script), "kept", "runs/c", "c.yaml", "-q", "--algorithms", algorithms]
+        return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    assert "kept 1 new run(s)" in compare("local").stdout
+    kept = (tmp_path / "kept" / "local-s0" / "summary.json").read_text()
+    shutil.rmtree(tmp_path / "runs")  # a new checkout: only what was kept is left
+    second = compare("local,fedavg")
+    assert second.returncode == 0 and "kept 1 new run(s)" in second.stdout
+    assert (tmp_path / "runs" / "c" / "local-s0" / "summary.json").read_text() == kept
+    assert not (tmp_path / "runs" / "c" / "local-s0" / "run.log").exists()  # not run again
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == [
+        "compare.yaml",
+        "fedavg-s0",
+        "local-s0",
+    ]
