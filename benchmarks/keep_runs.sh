@@ -10,9 +10,8 @@
 # checkpoints and logs stay behind. Unfinished runs are skipped. A run already kept with the
 # same summary is left as it is; one with a different summary is an error (exit 2), so two
 # different runs never share a name. A compare folder's compare.yaml (the config every run
-# shares) is kept too, so a later session continues the compare from what is kept:
-#
-#   cp -r DEST runs/NAME && pflkit compare CONFIG --out runs/NAME
+# shares) is kept too, so a later session continues the compare from what is kept
+# (benchmarks/compare_kept.sh does both: it keeps, and it continues from DEST).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
     echo "usage: benchmarks/keep_runs.sh DEST FOLDER... (run, compare or sweep folders)" >&2

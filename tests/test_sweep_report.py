@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -270,8 +272,6 @@ def test_report_refuses_unfinished_runs_and_missing_numbers(cli, tmp_path):
 def test_keep_runs_copies_the_record_of_finished_runs_only(tmp_path):
     """benchmarks/keep_runs.sh: the kept folder reports the same table as the compare folder;
     checkpoints, logs and unfinished runs stay behind; a clashing run name is exit 2."""
-    import subprocess
-
     script = Path(__file__).parents[1] / "benchmarks" / "keep_runs.sh"
     src = tmp_path / "cmp"
     for seed, acc in ((0, 0.6), (1, 0.7)):
@@ -312,7 +312,6 @@ def test_paper_table_verdicts_by_hand(tmp_path):
     """benchmarks/paper_table.py, KT-pFL's Table 2 column: Delta = method - KT-pFL (ktpfl_homo)
     on the last-rounds mean, paired by seed, against the paper's Delta (FedAvg 80.69 - 93.93 =
     -13.24, pFedHN 92.22 - 93.93 = -1.71, FedAMP 90.79 - 93.93 = -3.14)."""
-    import subprocess
 
     def run(label: str, accs: tuple[float, ...]) -> None:
         for seed, acc in enumerate(accs):
@@ -349,9 +348,6 @@ def test_compare_kept_goes_on_from_the_kept_runs(tmp_path):
     """benchmarks/compare_kept.sh: a compare kept in KEEP and lost from runs/ is continued from
     KEEP (its finished runs are not run again: their summaries are byte for byte the kept ones)
     and the new runs are kept."""
-    import shutil
-    import subprocess
-
     script = Path(__file__).parents[1] / "benchmarks" / "compare_kept.sh"
     cfg = tiny_config(train={"rounds": 2}, compare={"algorithms": ["local"], "seeds": [0]})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
