@@ -43,6 +43,7 @@ export -f run_one
 # Order: what decides the paper's aggregation claim first (MAP and its stage-A arm against
 # FedAvg), then the other methods of seed 0, the remaining arms, then seeds 1 and 2.
 methods="fedavg fedprox scaffold fedrs fedphp ditto dittors scars map scamap"
+alpha05="--set algorithm.name=map --set algorithm.alpha=0.5 --set algorithm.lam=0.1"
 arm() {  # label seed --set ...
     echo "$*"
 }
@@ -54,7 +55,7 @@ arm() {  # label seed --set ...
     for m in scamap scaffold scars fedphp ditto dittors fedprox; do arm "$m 0 --set algorithm.name=$m"; done
     # the other aggregation-gap arms (seed 0): alpha, FedAvg's own weighting, the authors'
     # code settings for MAP and FedAvg
-    arm "map_alpha0.5 0 --set algorithm.name=map --set algorithm.alpha=0.5 --set algorithm.lam=0.1"
+    arm "map_alpha0.5 0 $alpha05"
     arm "fedavg_samples 0 --set algorithm.name=fedavg --set train.weighting=null --set algorithm.weighting=samples"
     arm "map_code 0 --set algorithm.name=map --set algorithm.stage_b_fraction=0.1 --set algorithm.stage_b_lr_scale=0.2 --set algorithm.kd_form=code --set algorithm.mu_schedule=code --set train.weighting=null --set algorithm.weighting=samples --set train.grad_clip=100 --set train.batch_size=32"
     arm "fedavg_code 0 --set algorithm.name=fedavg --set train.grad_clip=100 --set train.batch_size=32"
@@ -63,5 +64,5 @@ arm() {  # label seed --set ...
     done
     # added 2026-11-24 after the arms' seed 0: seeds 1-2 of the one arm whose global model moved
     # by more than the seed spread (docs/map.md); a confirmation, not a choice of any setting
-    for s in 1 2; do arm "map_alpha0.5 $s --set algorithm.name=map --set algorithm.alpha=0.5 --set algorithm.lam=0.1"; done
+    for s in 1 2; do arm "map_alpha0.5 $s $alpha05"; done
 } | awk '!seen[$1 " " $2]++' | xargs -P "$JOBS" -L 1 bash -c 'run_one "$@"' _
