@@ -3,7 +3,8 @@
     python benchmarks/paper_table.py COLUMN FOLDER... [--json OUT.json]
 
 COLUMN is one of :data:`COLUMNS`: ``map/fmnist_lenet`` and ``map/fmnist_mlpnet`` (MAP Tables
-I-II), ``ktpfl/fmnist20`` (KT-pFL Table 2, Fashion-MNIST, 20 clients). FOLDER: compare folders,
+I-II), ``ktpfl/fmnist20`` (KT-pFL Table 2, Fashion-MNIST, 20 clients), ``pfedsim/dir01`` and
+``pfedsim/dir05`` (pFedSim Table 3, against its EMNIST columns). FOLDER: compare folders,
 ``benchmarks/map_repro.sh``'s folder, or a folder of kept runs (``benchmarks/keep_runs.sh``);
 every ``<label>-s<seed>/summary.json`` under them is read. A label's method is its name before
 any ``(options)``, e.g. ``pfedme(personal_lr=0.01)`` is pFedMe.
@@ -11,7 +12,13 @@ any ``(options)``, e.g. ``pfedme(personal_lr=0.01)`` is pFedMe.
 For each metric of the column, a markdown table: ours as mean ± std over seeds of the last round
 and of the mean over the last ``eval.last`` rounds (``mean_last``), the paper's number, and the
 **ranking verdict** against the column's reference method (MAP: FedAvg, the method its claims
-are made against; KT-pFL: KT-pFL itself, which the paper ranks above every baseline).
+are made against; KT-pFL and pFedSim: the paper's own method, which it ranks above every
+baseline). Where the paper's claim is a pattern (pFedSim: first, with FedAvg, FedProx, FedDyn,
+FedGen and FedBN the five last under Dir(0.1)), a line says whether our order shows it.
+
+pFedSim has no Fashion-MNIST column; its reproduction on Fashion-MNIST is compared with the
+EMNIST columns (chosen 2026-11-24, before any pFedSim run: the same LeNet5 on 28x28 grayscale
+images, the nearest of the paper's four datasets). Levels are not comparable, orders are.
 
 The verdict was fixed before any result was seen (for MAP, 2026-11-23; the same rule for KT-pFL):
 Delta = method - reference on the mean over the last rounds, paired by seed (same partition, same
@@ -38,6 +45,7 @@ class Column:
     reference: str  # the method every Delta is taken against
     metrics: tuple[tuple[str, str], ...]  # (summary key, title)
     paper: dict[str, tuple[float | None, ...]]  # method -> one number per metric, as printed
+    last: tuple[str, ...] = ()  # methods the paper's claim puts below every other method
 
 
 MAP_METRICS = (
@@ -101,6 +109,40 @@ COLUMNS = {
     ),
 }
 
+PFEDSIM_METRICS = (
+    ("pers_acc_weighted", "pooled personalized (the paper's and FL-bench's)"),
+    ("pers_acc_mean", "personalized, mean over clients"),
+)
+# pFedSim Table 3, EMNIST Dir(0.1) and Dir(0.5) (specs/pfedsim.md §6), in compare's method names
+_PFEDSIM_EMNIST = {
+    "local": (93.54, 84.17),
+    "fedavg": (75.27, 82.17),
+    "fedprox": (74.22, 81.81),
+    "feddyn": (72.39, 80.04),
+    "fedgen": (75.97, 83.20),
+    "fedbn": (77.45, 82.28),
+    "perfedavg": (93.04, 86.90),
+    "fedper": (94.42, 87.50),
+    "fedrep": (95.12, 88.38),
+    "fedfomo": (93.20, 83.43),
+    "fedap": (94.34, 89.00),
+    "pfedsim": (95.70, 90.18),
+}
+
+
+def _pfedsim(alpha: str, i: int, last: tuple[str, ...]) -> Column:
+    return Column(
+        f"pFedSim Table 3 reproduction, Fashion-MNIST Dir({alpha}); paper: EMNIST Dir({alpha})",
+        "pfedsim",
+        PFEDSIM_METRICS,
+        {m: (v[i],) for m, v in _PFEDSIM_EMNIST.items()},
+        last,
+    )
+
+
+COLUMNS["pfedsim/dir01"] = _pfedsim("0.1", 0, ("fedavg", "fedprox", "feddyn", "fedgen", "fedbn"))
+COLUMNS["pfedsim/dir05"] = _pfedsim("0.5", 1, ())
+
 
 def read_runs(folders: list[str]) -> dict[str, dict[int, dict]]:
     """Label -> seed -> summary.json of every run under ``folders``."""
@@ -161,6 +203,8 @@ def main() -> None:
             print(f"Order, paper: {_order(theirs)}")
             rho = _spearman(list(ours.values()), list(theirs.values()))
             print(f"Spearman rank correlation with the paper over {len(ours)} methods: {rho:.2f}")
+            if max(theirs, key=theirs.__getitem__) == col.reference:
+                print(_pattern(ours, col))
         print()
     if out_json:
         out_json.write_text(json.dumps(runs_digest(runs), indent=1) + "\n")
@@ -178,6 +222,18 @@ def _ms(v: list[float]) -> str:
 
 def _order(scores: dict[str, float]) -> str:
     return " > ".join(sorted(scores, key=scores.__getitem__, reverse=True))
+
+
+def _pattern(ours: dict[str, float], col: Column) -> str:
+    """Whether our order shows the paper's claim (printed where the paper has the reference
+    method first): the reference first, and ``col.last`` below every other method."""
+    order = sorted(ours, key=ours.__getitem__, reverse=True)
+    line = f"Paper's claim, {col.reference} first: {'yes' if order[0] == col.reference else 'no'}"
+    if col.last:
+        tail = order[-len(col.last) :]
+        shown = "yes" if set(tail) == set(col.last) else f"no (ours last: {', '.join(tail)})"
+        line += f"; {', '.join(col.last)} last: {shown}"
+    return line
 
 
 def _verdict(runs, label: str, ref: str | None, key: str, col: Column, i: int):

@@ -344,6 +344,33 @@ def test_paper_table_verdicts_by_hand(tmp_path):
     assert bad.returncode == 2 and "COLUMN one of map/fmnist_lenet" in bad.stderr
 
 
+def test_paper_table_pfedsim_pattern_line(tmp_path):
+    """pFedSim's column reads the pooled accuracy and says whether our order shows the paper's
+    claim: pFedSim first and FedAvg, FedProx, FedDyn, FedGen, FedBN the five last (Dir 0.1)."""
+    script = Path(__file__).parents[1] / "benchmarks" / "paper_table.py"
+    names = ["pfedsim", "fedrep", "local", "fedbn", "fedavg", "fedprox", "feddyn", "fedgen"]
+
+    def table(accs: list[float]) -> str:
+        for name, acc in zip(names, accs, strict=True):
+            for seed in (0, 1):
+                folder = tmp_path / f"{name}-s{seed}"
+                folder.mkdir(exist_ok=True)
+                summary = {
+                    "final": {"pers_acc_weighted": acc},
+                    "mean_last": {"pers_acc_weighted": acc},
+                }
+                (folder / "summary.json").write_text(json.dumps(summary))
+        cmd = [sys.executable, str(script), "pfedsim/dir01", str(tmp_path)]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    out = table([0.9, 0.8, 0.85, 0.7, 0.6, 0.5, 0.4, 0.3])
+    assert "paper: pfedsim > fedrep > local > fedbn > fedgen > fedavg > fedprox > feddyn" in out
+    assert "pfedsim first: yes; fedavg, fedprox, feddyn, fedgen, fedbn last: yes" in out
+    out = table([0.8, 0.9, 0.5, 0.7, 0.6, 0.55, 0.4, 0.3])  # Local below FedBN, FedAvg, FedProx
+    assert "pfedsim first: no; fedavg, fedprox, feddyn, fedgen, fedbn last: no (ours last: " in out
+    assert "(ours last: fedavg, fedprox, local, feddyn, fedgen)" in out
+
+
 def test_compare_kept_goes_on_from_the_kept_runs(tmp_path):
     """benchmarks/compare_kept.sh: a compare kept in KEEP and lost from runs/ is continued from
     KEEP (its finished runs are not run again: their summaries are byte for byte the kept ones)
