@@ -25,3 +25,16 @@ def test_shipped_config_and_its_compare_entries_resolve(path):
     resolve_params(cfg.algorithm, cfg.train.weighting)
     for _label, entry, _sets in compare_plan(cfg):
         assert resolve_params(entry, cfg.train.weighting)["name"] == entry["name"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_every_method_of_a_shipped_compare_averages_by_one_rule(path):
+    """A reproduction compares methods under the same rules: the compare entries that average
+    resolve to one ``weighting`` (set ``train.weighting`` where their defaults differ)."""
+    cfg = load_config(path)
+    rules = {
+        label: rule
+        for label, entry, _sets in compare_plan(cfg)
+        if (rule := resolve_params(entry, cfg.train.weighting).get("weighting")) is not None
+    }
+    assert len(set(rules.values())) <= 1, f"{path.name} mixes averaging rules: {rules}"
