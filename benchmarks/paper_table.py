@@ -4,7 +4,8 @@
 
 COLUMN is one of :data:`COLUMNS`: ``map/fmnist_lenet`` and ``map/fmnist_mlpnet`` (MAP Tables
 I-II), ``ktpfl/fmnist20`` (KT-pFL Table 2, Fashion-MNIST, 20 clients), ``pfedsim/dir01`` and
-``pfedsim/dir05`` (pFedSim Table 3, against its EMNIST columns). FOLDER: compare folders,
+``pfedsim/dir05`` (pFedSim Table 3, against its EMNIST columns), ``gpfl/fmnist_pat`` and
+``gpfl/fmnist_prac`` (GPFL Table 1's Fashion-MNIST columns). FOLDER: compare folders,
 ``benchmarks/map_repro.sh``'s folder, or a folder of kept runs (``benchmarks/keep_runs.sh``);
 every ``<label>-s<seed>/summary.json`` under them is read. A label's method is its name before
 any ``(options)``, e.g. ``pfedme(personal_lr=0.01)`` is pFedMe.
@@ -12,7 +13,7 @@ any ``(options)``, e.g. ``pfedme(personal_lr=0.01)`` is pFedMe.
 For each metric of the column, a markdown table: ours as mean ± std over seeds of the last round
 and of the mean over the last ``eval.last`` rounds (``mean_last``), the paper's number, and the
 **ranking verdict** against the column's reference method (MAP: FedAvg, the method its claims
-are made against; KT-pFL and pFedSim: the paper's own method, which it ranks above every
+are made against; KT-pFL, pFedSim and GPFL: the paper's own method, which it ranks above every
 baseline). Where the paper's claim is a pattern (pFedSim: first, with FedAvg, FedProx, FedDyn,
 FedGen and FedBN the five last under Dir(0.1)), a line says whether our order shows it.
 
@@ -142,6 +143,35 @@ def _pfedsim(alpha: str, i: int, last: tuple[str, ...]) -> Column:
 
 COLUMNS["pfedsim/dir01"] = _pfedsim("0.1", 0, ("fedavg", "fedprox", "feddyn", "fedgen", "fedbn"))
 COLUMNS["pfedsim/dir05"] = _pfedsim("0.5", 1, ())
+
+# GPFL Table 1, Fashion-MNIST paLS and prLS (specs/gpfl.md §6): PFLlib pools correct predictions
+# over every client's test split (pers_acc_weighted); the paper's cell is the best round's
+_GPFL_FMNIST = {
+    "fedavg": (80.41, 85.85),
+    "fedprox": (78.08, 85.63),
+    "perfedavg": (99.18, 95.10),
+    "pfedme": (99.35, 97.25),
+    "ditto": (99.44, 97.47),
+    "fedper": (99.47, 97.44),
+    "fedrep": (99.56, 97.56),
+    "fedrod": (99.52, 97.52),
+    "fedphp": (99.30, 97.38),
+    "fedproto": (99.49, 97.40),
+    "gpfl": (99.85, 97.81),
+}
+
+
+def _gpfl(skew: str, i: int) -> Column:
+    return Column(
+        f"GPFL Table 1 reproduction, Fashion-MNIST {skew}",
+        "gpfl",
+        (("pers_acc_weighted", "pooled personalized (PFLlib's)"),),
+        {m: (v[i],) for m, v in _GPFL_FMNIST.items()},
+    )
+
+
+COLUMNS["gpfl/fmnist_pat"] = _gpfl("paLS", 0)
+COLUMNS["gpfl/fmnist_prac"] = _gpfl("prLS", 1)
 
 
 def read_runs(folders: list[str]) -> dict[str, dict[int, dict]]:
