@@ -261,7 +261,10 @@ def _pattern(ours: dict[str, float], col: Column) -> str:
     line = f"Paper's claim, {col.reference} first: {'yes' if order[0] == col.reference else 'no'}"
     if col.last:
         tail = order[-len(col.last) :]
-        shown = "yes" if set(tail) == set(col.last) else f"no (ours last: {', '.join(tail)})"
+        if not set(col.last) <= set(ours):
+            shown = "not all run yet"
+        else:
+            shown = "yes" if set(tail) == set(col.last) else f"no (ours last: {', '.join(tail)})"
         line += f"; {', '.join(col.last)} last: {shown}"
     return line
 

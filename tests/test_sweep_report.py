@@ -351,7 +351,7 @@ def test_paper_table_pfedsim_pattern_line(tmp_path):
     names = ["pfedsim", "fedrep", "local", "fedbn", "fedavg", "fedprox", "feddyn", "fedgen"]
 
     def table(accs: list[float]) -> str:
-        for name, acc in zip(names, accs, strict=True):
+        for name, acc in zip(names, accs, strict=False):
             for seed in (0, 1):
                 folder = tmp_path / f"{name}-s{seed}"
                 folder.mkdir(exist_ok=True)
@@ -363,6 +363,8 @@ def test_paper_table_pfedsim_pattern_line(tmp_path):
         cmd = [sys.executable, str(script), "pfedsim/dir01", str(tmp_path)]
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
+    out = table([0.9, 0.8, 0.85])  # FedBN and the FedAvg family not run yet
+    assert "pfedsim first: yes; fedavg, fedprox, feddyn, fedgen, fedbn last: not all run yet" in out
     out = table([0.9, 0.8, 0.85, 0.7, 0.6, 0.5, 0.4, 0.3])
     assert "paper: pfedsim > fedrep > local > fedbn > fedgen > fedavg > fedprox > feddyn" in out
     assert "pfedsim first: yes; fedavg, fedprox, feddyn, fedgen, fedbn last: yes" in out
