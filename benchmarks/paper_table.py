@@ -131,18 +131,24 @@ _PFEDSIM_EMNIST = {
 }
 
 
-def _pfedsim(alpha: str, i: int, last: tuple[str, ...]) -> Column:
-    return Column(
-        f"pFedSim Table 3 reproduction, Fashion-MNIST Dir({alpha}); paper: EMNIST Dir({alpha})",
-        "pfedsim",
-        PFEDSIM_METRICS,
-        {m: (v[i],) for m, v in _PFEDSIM_EMNIST.items()},
-        last,
-    )
+def _cells(table: dict[str, tuple[float, ...]], i: int) -> dict[str, tuple[float]]:
+    """Column ``i`` of a paper table given as method -> one number per column."""
+    return {m: (v[i],) for m, v in table.items()}
 
 
-COLUMNS["pfedsim/dir01"] = _pfedsim("0.1", 0, ("fedavg", "fedprox", "feddyn", "fedgen", "fedbn"))
-COLUMNS["pfedsim/dir05"] = _pfedsim("0.5", 1, ())
+COLUMNS["pfedsim/dir01"] = Column(
+    "pFedSim Table 3 reproduction, Fashion-MNIST Dir(0.1); paper: EMNIST Dir(0.1)",
+    "pfedsim",
+    PFEDSIM_METRICS,
+    _cells(_PFEDSIM_EMNIST, 0),
+    ("fedavg", "fedprox", "feddyn", "fedgen", "fedbn"),
+)
+COLUMNS["pfedsim/dir05"] = Column(
+    "pFedSim Table 3 reproduction, Fashion-MNIST Dir(0.5); paper: EMNIST Dir(0.5)",
+    "pfedsim",
+    PFEDSIM_METRICS,
+    _cells(_PFEDSIM_EMNIST, 1),
+)
 
 # GPFL Table 1, Fashion-MNIST paLS and prLS (specs/gpfl.md §6): PFLlib pools correct predictions
 # over every client's test split (pers_acc_weighted); the paper's cell is the best round's
@@ -161,17 +167,13 @@ _GPFL_FMNIST = {
 }
 
 
-def _gpfl(skew: str, i: int) -> Column:
-    return Column(
-        f"GPFL Table 1 reproduction, Fashion-MNIST {skew}",
-        "gpfl",
-        (("pers_acc_weighted", "pooled personalized (PFLlib's)"),),
-        {m: (v[i],) for m, v in _GPFL_FMNIST.items()},
-    )
-
-
-COLUMNS["gpfl/fmnist_pat"] = _gpfl("paLS", 0)
-COLUMNS["gpfl/fmnist_prac"] = _gpfl("prLS", 1)
+GPFL_METRICS = (("pers_acc_weighted", "pooled personalized (PFLlib's)"),)
+COLUMNS["gpfl/fmnist_pat"] = Column(
+    "GPFL Table 1 reproduction, Fashion-MNIST paLS", "gpfl", GPFL_METRICS, _cells(_GPFL_FMNIST, 0)
+)
+COLUMNS["gpfl/fmnist_prac"] = Column(
+    "GPFL Table 1 reproduction, Fashion-MNIST prLS", "gpfl", GPFL_METRICS, _cells(_GPFL_FMNIST, 1)
+)
 
 
 def read_runs(folders: list[str]) -> dict[str, dict[int, dict]]:

@@ -308,26 +308,34 @@ def test_keep_runs_copies_the_record_of_finished_runs_only(tmp_path):
     assert keep(tmp_path / "missing").returncode == 2
 
 
+PAPER_TABLE = Path(__file__).parents[1] / "benchmarks" / "paper_table.py"
+
+
+def _summaries(root: Path, label: str, key: str, accs: tuple[float, ...]) -> None:
+    """``root/<label>-s<seed>/summary.json`` with ``key`` = accs[seed] at the last round and as
+    the last-rounds mean (rewritten when it exists)."""
+    for seed, acc in enumerate(accs):
+        folder = root / f"{label}-s{seed}"
+        folder.mkdir(exist_ok=True)
+        summary = {"final": {key: acc}, "mean_last": {key: acc}}
+        (folder / "summary.json").write_text(json.dumps(summary))
+
+
 def test_paper_table_verdicts_by_hand(tmp_path):
     """benchmarks/paper_table.py, KT-pFL's Table 2 column: Delta = method - KT-pFL (ktpfl_homo)
     on the last-rounds mean, paired by seed, against the paper's Delta (FedAvg 80.69 - 93.93 =
     -13.24, pFedHN 92.22 - 93.93 = -1.71, FedAMP 90.79 - 93.93 = -3.14)."""
 
     def run(label: str, accs: tuple[float, ...]) -> None:
-        for seed, acc in enumerate(accs):
-            folder = tmp_path / f"{label}-s{seed}"
-            folder.mkdir()
-            summary = {"final": {"pers_acc_mean": acc}, "mean_last": {"pers_acc_mean": acc}}
-            (folder / "summary.json").write_text(json.dumps(summary))
+        _summaries(tmp_path, label, "pers_acc_mean", accs)
 
     run("ktpfl_homo(temperature=1.0)", (0.80, 0.82, 0.84))
     run("fedavg", (0.70, 0.73, 0.75))  # Delta -10, -9, -9: mean -9.33, std 0.47: reproduced
     run("pfedhn", (0.85, 0.86, 0.88))  # +5, +4, +4: opposite sign, beyond the std: reversed
     run("fedamp", (0.81, 0.83, 0.83))  # +1, +1, -1: mean +0.33 < std 0.94: not resolved
     run("perfedavg", (0.79, 0.83, 0.83))  # -1, +1, -1: mean -0.33 < std 0.94: within noise
-    script = Path(__file__).parents[1] / "benchmarks" / "paper_table.py"
     out = subprocess.run(
-        [sys.executable, str(script), "ktpfl/fmnist20", str(tmp_path)],
+        [sys.executable, str(PAPER_TABLE), "ktpfl/fmnist20", str(tmp_path)],
         capture_output=True,
         text=True,
         check=True,
@@ -340,27 +348,21 @@ def test_paper_table_verdicts_by_hand(tmp_path):
     assert rows["ktpfl_homo(temperature=1.0)"][1:5] == ["3", "82.0 ± 1.6", "82.0 ± 1.6", "93.93"]
     assert "ours (mean of last rounds): pfedhn > fedamp > ktpfl_homo > perfedavg > fedavg\n" in out
     assert "paper: ktpfl_homo > pfedhn > fedamp > perfedavg > fedavg\n" in out
-    bad = subprocess.run([sys.executable, str(script), "nope", "x"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, str(PAPER_TABLE), "nope", "x"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "COLUMN one of map/fmnist_lenet" in bad.stderr
 
 
 def test_paper_table_pfedsim_pattern_line(tmp_path):
     """pFedSim's column reads the pooled accuracy and says whether our order shows the paper's
     claim: pFedSim first and FedAvg, FedProx, FedDyn, FedGen, FedBN the five last (Dir 0.1)."""
-    script = Path(__file__).parents[1] / "benchmarks" / "paper_table.py"
     names = ["pfedsim", "fedrep", "local", "fedbn", "fedavg", "fedprox", "feddyn", "fedgen"]
 
     def table(accs: list[float]) -> str:
         for name, acc in zip(names, accs, strict=False):
-            for seed in (0, 1):
-                folder = tmp_path / f"{name}-s{seed}"
-                folder.mkdir(exist_ok=True)
-                summary = {
-                    "final": {"pers_acc_weighted": acc},
-                    "mean_last": {"pers_acc_weighted": acc},
-                }
-                (folder / "summary.json").write_text(json.dumps(summary))
-        cmd = [sys.executable, str(script), "pfedsim/dir01", str(tmp_path)]
+            _summaries(tmp_path, name, "pers_acc_weighted", (acc, acc))  # seeds 0 and 1
+        cmd = [sys.executable, str(PAPER_TABLE), "pfedsim/dir01", str(tmp_path)]
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
     out = table([0.9, 0.8, 0.85])  # FedBN and the FedAvg family not run yet
