@@ -7,10 +7,18 @@
 #   benchmarks/gpfl_repro.sh [JOBS]            # default 2
 #   python benchmarks/paper_table.py gpfl/fmnist_pat docs/results/gpfl-pathological_cpu
 #   python benchmarks/paper_table.py gpfl/fmnist_prac docs/results/gpfl-practical_cpu
+# A failed run (e.g. a diverged loss) stops only itself (--keep-going); the script goes on and
+# exits 2 at the end, after the sentence naming it.
 # Safe to stop (SIGTERM: the runs stop at the end of their rounds) and to restart.
 set -euo pipefail
+status=0
+went_on() {  # --keep-going: exit 2 names failed runs; go on, exit 2 at the end
+    [[ $1 == 2 ]] || exit "$1"
+    status=2
+}
 JOBS=${1:-2}
 for column in pathological practical; do
     benchmarks/compare_kept.sh "docs/results/gpfl-${column}_cpu" "runs/gpfl-${column}_cpu" \
-        "configs/gpfl/fmnist_${column}_cpu.yaml" -q --jobs "$JOBS"
+        "configs/gpfl/fmnist_${column}_cpu.yaml" -q --jobs "$JOBS" --keep-going || went_on $?
 done
+exit $status

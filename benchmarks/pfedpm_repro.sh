@@ -9,11 +9,18 @@
 #   pflkit report runs/pfedpm-n3 runs/pfedpm-mh-n3 --at mean_last
 #   python benchmarks/pfedpm_relation.py runs/pfedpm-n3 runs/pfedpm-mh-n3
 #   python benchmarks/pfedpm_comm.py runs/pfedpm-n3 runs/pfedpm-mh-n3
-# Safe to stop and restart: compare keeps finished runs and resumes interrupted ones. Every
-# finished run's record is also kept in KEEP/pfedpm-n<N> (default KEEP: docs/results, by
-# benchmarks/compare_kept.sh) and not run again, so the tables go on over sessions whose
-# checkouts have no runs/ folder (report the kept folders then).
+# A failed run (e.g. a diverged loss) stops only itself (--keep-going); the script goes on and
+# exits 2 at the end, after the sentence naming it. Safe to stop and restart: compare keeps
+# finished runs and resumes interrupted ones. Every finished run's record is also kept in
+# KEEP/pfedpm-n<N> (default KEEP: docs/results, by benchmarks/compare_kept.sh) and not run
+# again, so the tables go on over sessions whose checkouts have no runs/ folder (report the
+# kept folders then).
 set -euo pipefail
+status=0
+went_on() {  # --keep-going: exit 2 names failed runs; go on, exit 2 at the end
+    [[ $1 == 2 ]] || exit "$1"
+    status=2
+}
 JOBS=${1:-2}
 OUT=${2:-runs}
 shift $(($# < 2 ? $# : 2))
@@ -21,7 +28,10 @@ NS=${*:-3 4 5}
 KEEP=${KEEP:-docs/results}
 for n in $NS; do
     benchmarks/compare_kept.sh "$KEEP/pfedpm-n$n" "$OUT/pfedpm-n$n" \
-        configs/pfedpm/fmnist_nway.yaml --set data.partition.n="$n" --jobs "$JOBS" -q
+        configs/pfedpm/fmnist_nway.yaml --set data.partition.n="$n" --jobs "$JOBS" -q \
+        --keep-going || went_on $?
     benchmarks/compare_kept.sh "$KEEP/pfedpm-mh-n$n" "$OUT/pfedpm-mh-n$n" \
-        configs/pfedpm/fmnist_nway_mh.yaml --set data.partition.n="$n" --jobs "$JOBS" -q
+        configs/pfedpm/fmnist_nway_mh.yaml --set data.partition.n="$n" --jobs "$JOBS" -q \
+        --keep-going || went_on $?
 done
+exit $status

@@ -323,6 +323,27 @@ def test_a_signalled_parallel_compare_stops_its_workers_and_continues(sig, tmp_p
         assert json.loads((rows[0].parent / "summary.json").read_text())["rounds"] == 400
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_keep_going_finishes_the_other_runs_and_names_the_failed_one(cfg_file, tmp_path, jobs):
+    """pFedMe first, with a personal lr that makes its loss NaN in round 1: by default the
+    failure stops the compare (FedAvg, queued behind it, never runs with one job); with
+    --keep-going FedAvg finishes and one sentence at the end names the failed run."""
+    args = ["--algorithms", "{name: pfedme, personal_lr: 1e10},fedavg", "--seeds", "0", "-q"]
+    args += ["--jobs", jobs]
+    r = pflkit("compare", str(cfg_file), *args, "--keep-going", "--out", "k", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 2 runs failed, every other run finished (pfedme(")
+    assert "-s0: client" in last and "local training diverged" in last
+    assert (tmp_path / "k" / "fedavg-s0" / "summary.json").exists()
+    assert not (tmp_path / "k" / "results.md").exists()
+    if jobs == "1":
+        r = pflkit("compare", str(cfg_file), *args, "--out", "stop", cwd=tmp_path)
+        assert r.returncode == 2 and "local training diverged" in r.stderr, r.stderr
+        assert "runs failed" not in r.stderr
+        assert not (tmp_path / "stop" / "fedavg-s0").exists()
+
+
 def test_compare_jobs_gives_the_one_job_numbers(cfg_file, tmp_path):
     args = ["--algorithms", "local,fedavg,fedprox", "--seeds", "0", "-q"]
     one = pflkit("compare", str(cfg_file), *args, "--out", "one", cwd=tmp_path)

@@ -81,6 +81,14 @@ JobsOpt = Annotated[
         "is set). Rerunning into the same --out continues it."
     ),
 ]
+KeepGoingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-going",
+        help="A failed run (a diverged loss, say) stops only itself; the error naming every "
+        "failed run comes at the end. Default: the first failure stops every run.",
+    ),
+]
 AtOpt = Annotated[
     str | None,
     typer.Option(
@@ -151,6 +159,7 @@ def compare(
     out: OutOpt = None,
     quiet: QuietOpt = False,
     jobs: JobsOpt = 1,
+    keep_going: KeepGoingOpt = False,
 ) -> None:
     """Compare algorithms on one partition over several seeds: markdown table + curves.
     Into an existing compare folder of the same config it continues: finished runs are
@@ -158,7 +167,7 @@ def compare(
     from pflkit.engine.compare import run_compare
 
     cfg = load_config(config, _lists(set_, algorithms, seeds), imports)
-    _many(run_compare, "compare", cfg, out, quiet, jobs)
+    _many(run_compare, "compare", cfg, out, quiet, jobs, keep_going)
 
 
 def _lists(set_: list[str] | None, algorithms: str | None, seeds: str | None) -> list[str]:
@@ -171,12 +180,12 @@ def _lists(set_: list[str] | None, algorithms: str | None, seeds: str | None) ->
     return overrides
 
 
-def _many(fn, kind: str, cfg, out: Path | None, quiet: bool, jobs: int) -> None:
+def _many(fn, kind: str, cfg, out: Path | None, quiet: bool, jobs: int, keep_going: bool) -> None:
     """Run a compare or sweep (``fn``) into ``out`` (default: runs/<kind>-<name>-<time>) and
     print its tables."""
     if out is None:
         out = Path(cfg.output.dir) / f"{kind}-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    res = fn(cfg, out, progress=False if quiet else None, jobs=jobs)
+    res = fn(cfg, out, progress=False if quiet else None, jobs=jobs, keep_going=keep_going)
     print(res["table"])
     out_console.print(f"written to {res['out']}")
 
@@ -201,6 +210,7 @@ def sweep(
     out: OutOpt = None,
     quiet: QuietOpt = False,
     jobs: JobsOpt = 1,
+    keep_going: KeepGoingOpt = False,
 ) -> None:
     """Run a grid of settings for each algorithm over several seeds, then choose each
     algorithm's setting on validation accuracy and report its test accuracy (next to the best
@@ -226,7 +236,7 @@ def sweep(
         raw = cfg.dump()
         raw["sweep"]["grid"] = raw["sweep"]["grid"] | extra
         cfg = validate(raw)
-    _many(run_sweep, "sweep", cfg, out, quiet, jobs)
+    _many(run_sweep, "sweep", cfg, out, quiet, jobs, keep_going)
 
 
 @app.command()

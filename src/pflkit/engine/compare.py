@@ -20,7 +20,9 @@ once, each in its own process with one client runner in-process (``engine.worker
 thread count. The job workers run in their own process group and hear signals only through the
 compare: SIGINT or SIGTERM to it lets no new run start and stops every running one at its
 round's end with a checkpoint (a second Ctrl-C: at once); so does a run's failure, whose error
-is then raised.
+is then raised. With ``keep_going`` a failed run (a diverged loss, say) stops only itself: the
+others run to the end, and then one error names every failed run and why; no report is written
+until every run has finished.
 """
 
 from __future__ import annotations
@@ -167,15 +169,35 @@ class _PassOn(StopSignals):
             super()._handle(signum, frame)
 
 
-def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) -> None:
+def _failed(failures: dict[str, Exception], total: int) -> PflkitError:
+    """The one error of a ``keep_going`` compare whose ``failures`` (run folder -> error) are
+    all that is left."""
+    named = "; ".join(f"{name}: {err}" for name, err in sorted(failures.items()))
+    return PflkitError(
+        f"{len(failures)} of {total} runs failed, every other run finished ({named}): fix their "
+        "setting (new algorithm parameters run in new folders) and run the same command again"
+    )
+
+
+def _run_all(
+    tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress, keep_going: bool = False
+) -> None:
     todo = [(c, f) for c, f in tasks if not (f / "summary.json").exists()]
+    failures: dict[str, Exception] = {}  # keep_going: run folder name -> its error
     if jobs == 1:
         datasets: dict[str, FederatedDataset] = {}  # one per data config (a sweep may vary it)
         for run_cfg, folder in todo:
             key = run_cfg.data.model_dump_json()
             if key not in datasets:
                 datasets[key] = build_federated(run_cfg.data)
-            _run_one(run_cfg, folder, datasets[key], progress)
+            try:
+                _run_one(run_cfg, folder, datasets[key], progress)
+            except PflkitError as err:
+                if not keep_going:
+                    raise
+                failures[folder.name] = err
+        if failures:
+            raise _failed(failures, len(tasks))
         return
     from rich.console import Console
 
@@ -188,7 +210,7 @@ def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) ->
         _PassOn() as signalled,
         ProcessPoolExecutor(workers, ctx, _init_worker, (stopping,)) as pool,
     ):
-        pending = set()
+        pending = {}
         for run_cfg, folder in todo:
             solo = run_cfg.model_copy(
                 update={
@@ -196,13 +218,17 @@ def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) ->
                     "engine": run_cfg.engine.model_copy(update={"workers": 1}),
                 }
             )
-            pending.add(pool.submit(_job, solo.model_dump(mode="json"), str(folder)))
+            pending[pool.submit(_job, solo.model_dump(mode="json"), str(folder))] = folder.name
         while pending:
-            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for f in finished:
-                err = f.exception()
+                name, err = pending.pop(f), f.exception()
                 if isinstance(err, RunInterrupted):  # signalled (through the compare or not)
                     signalled.signal = signalled.signal or err.signal
+                elif isinstance(err, PflkitError) and keep_going:
+                    failures[name] = err
+                    if progress is not False:
+                        console.print(f"{name} failed, the others go on: {err}")
                 elif err is not None:
                     failure = failure or err
                 elif f.result() is not None:
@@ -217,6 +243,8 @@ def _run_all(tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress) ->
         raise failure
     if signalled.signal:
         raise RunInterrupted("", signalled.signal)
+    if failures:
+        raise _failed(failures, len(tasks))
 
 
 def _task(cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int):
@@ -278,10 +306,12 @@ def run_compare(
     jobs: int = 1,
     plan: list[Planned] | None = None,
     options: dict[str, Any] | None = None,
+    keep_going: bool = False,
 ) -> dict[str, Any]:
     """Run every setting of ``plan`` (default: :func:`compare_plan`) over ``compare.seeds``
     into ``out`` and write its report (:mod:`pflkit.report.results`; ``options``: its
-    ``at``, ``metric`` and ``select``)."""
+    ``at``, ``metric`` and ``select``). ``keep_going``: a failed run does not stop the others
+    (module docstring)."""
     out = Path(out)
     if jobs < 1:
         raise PflkitError(f"jobs must be at least 1 (got {jobs}): pass --jobs 1 or more")
@@ -301,7 +331,7 @@ def run_compare(
     ]
     write_atomic(out / PLAN, json.dumps({"settings": settings, "options": options}, indent=1))
     try:
-        _run_all(tasks, jobs, progress)
+        _run_all(tasks, jobs, progress, keep_going)
     except (KeyboardInterrupt, RunInterrupted) as err:
         raise RunInterrupted(
             f"interrupted: run the same command with --out {out} to continue it "
@@ -315,7 +345,11 @@ def run_compare(
 
 
 def run_sweep(
-    cfg: ExperimentConfig, out: str | Path, progress: bool | None = None, jobs: int = 1
+    cfg: ExperimentConfig,
+    out: str | Path,
+    progress: bool | None = None,
+    jobs: int = 1,
+    keep_going: bool = False,
 ) -> dict[str, Any]:
     """``pflkit sweep``: every point of ``cfg.sweep.grid`` for each algorithm over
     ``compare.seeds`` (:func:`sweep_plan`), reported with ``cfg.sweep``'s options."""
@@ -327,4 +361,4 @@ def run_sweep(
             "(--select test, reported as optimistic) or not at all (--select none)"
         )
     options = {"at": sw.at, "metric": sw.metric, "select": sw.select}
-    return run_compare(cfg, out, progress, jobs, plan=plan, options=options)
+    return run_compare(cfg, out, progress, jobs, plan=plan, options=options, keep_going=keep_going)
