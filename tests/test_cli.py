@@ -344,6 +344,28 @@ def test_keep_going_finishes_the_other_runs_and_names_the_failed_one(cfg_file, t
         assert not (tmp_path / "stop" / "fedavg-s0").exists()
 
 
+def test_keep_going_still_stops_at_a_signal(monkeypatch, tmp_path):
+    """A signalled run (RunInterrupted, itself a PflkitError) is not a failure to go past: the
+    one-job compare stops there and the next run never starts."""
+    from pflkit.config import validate
+    from pflkit.engine import compare
+    from pflkit.errors import RunInterrupted
+
+    started = []
+
+    def run_one(cfg, folder, data, progress):
+        started.append(folder.name)
+        raise RunInterrupted("stopped", "SIGTERM")
+
+    monkeypatch.setattr(compare, "_run_one", run_one)
+    monkeypatch.setattr(compare, "build_federated", lambda data: None)
+    cfg = validate(tiny_config())
+    tasks = [(cfg, tmp_path / "a-s0"), (cfg, tmp_path / "b-s0")]
+    with pytest.raises(RunInterrupted):
+        compare._run_all(tasks, 1, False, keep_going=True)
+    assert started == ["a-s0"]
+
+
 def test_compare_jobs_gives_the_one_job_numbers(cfg_file, tmp_path):
     args = ["--algorithms", "local,fedavg,fedprox", "--seeds", "0", "-q"]
     one = pflkit("compare", str(cfg_file), *args, "--out", "one", cwd=tmp_path)

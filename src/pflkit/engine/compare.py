@@ -192,6 +192,8 @@ def _run_all(
                 datasets[key] = build_federated(run_cfg.data)
             try:
                 _run_one(run_cfg, folder, datasets[key], progress)
+            except RunInterrupted:  # a signal stops the compare, with or without keep_going
+                raise
             except PflkitError as err:
                 if not keep_going:
                     raise
