@@ -260,7 +260,11 @@ def _pattern(ours: dict[str, float], col: Column) -> str:
     """Whether our order shows the paper's claim (printed where the paper has the reference
     method first): the reference first, and ``col.last`` below every other method."""
     order = sorted(ours, key=ours.__getitem__, reverse=True)
-    line = f"Paper's claim, {col.reference} first: {'yes' if order[0] == col.reference else 'no'}"
+    first = "yes" if order[0] == col.reference else "no"
+    missing = set(col.paper) - set(ours)
+    if first == "yes" and missing:  # a "no" is final; a "yes" holds only for what has run
+        first += f" so far ({len(missing)} of the paper's {len(col.paper)} methods not run yet)"
+    line = f"Paper's claim, {col.reference} first: {first}"
     if col.last:
         tail = order[-len(col.last) :]
         if not set(col.last) <= set(ours):
