@@ -169,6 +169,12 @@ class _PassOn(StopSignals):
             super()._handle(signum, frame)
 
 
+def _goes_on(err: BaseException | None, keep_going: bool) -> bool:
+    """Whether a run's error is recorded and the compare goes on: with ``keep_going``, a run
+    that failed (a PflkitError); never a signalled one (RunInterrupted)."""
+    return keep_going and isinstance(err, PflkitError) and not isinstance(err, RunInterrupted)
+
+
 def _failed(failures: dict[str, Exception], total: int) -> PflkitError:
     """The one error of a ``keep_going`` compare whose ``failures`` (run folder -> error) are
     all that is left."""
@@ -192,10 +198,8 @@ def _run_all(
                 datasets[key] = build_federated(run_cfg.data)
             try:
                 _run_one(run_cfg, folder, datasets[key], progress)
-            except RunInterrupted:  # a signal stops the compare, with or without keep_going
-                raise
             except PflkitError as err:
-                if not keep_going:
+                if not _goes_on(err, keep_going):
                     raise
                 failures[folder.name] = err
         if failures:
@@ -227,7 +231,7 @@ def _run_all(
                 name, err = pending.pop(f), f.exception()
                 if isinstance(err, RunInterrupted):  # signalled (through the compare or not)
                     signalled.signal = signalled.signal or err.signal
-                elif isinstance(err, PflkitError) and keep_going:
+                elif _goes_on(err, keep_going):
                     failures[name] = err
                     if progress is not False:
                         console.print(f"{name} failed, the others go on: {err}")
