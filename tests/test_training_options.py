@@ -82,6 +82,42 @@ def test_adam_first_step_moves_each_weight_by_lr_against_its_gradient_sign():
     assert model.weight.detach() - before == pytest.approx(-0.01 * grad.sign(), abs=1e-6)
 
 
+def test_parameters_outside_params_get_no_gradient_and_are_restored():
+    """Training only the second layer (FedRep's head epochs) computes no gradient for the
+    first; its step on the second layer is one SGD step with the hand-computed gradient; the
+    first layer requires a gradient again afterwards, also when the loss raises."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    x, y = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
+    head = model[1]
+    h = model[0](x).detach()
+    p = torch.softmax(h @ head.weight.detach().T + head.bias.detach(), dim=1)
+    grad_w = (p - nn.functional.one_hot(y, 2)).T @ h / 5  # dCE/dW of a linear layer, batch mean
+    before = head.weight.detach().clone()
+    seen = []
+
+    def loss_fn(m, xb, yb):
+        seen.append([t.requires_grad for t in m.parameters()])
+        return nn.functional.cross_entropy(m(xb), yb)
+
+    local_sgd(
+        model, x, y, epochs=1, batch_size=5, lr=0.1, loss_fn=loss_fn, params=head.parameters()
+    )
+    assert seen == [[False, False, True, True]]
+    assert model[0].weight.grad is None and model[0].bias.grad is None
+    assert head.weight.detach() == pytest.approx(before - 0.1 * grad_w, abs=1e-6)
+    assert all(t.requires_grad for t in model.parameters())
+
+    def failing(m, xb, yb):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        local_sgd(
+            model, x, y, epochs=1, batch_size=5, lr=0.1, loss_fn=failing, params=head.parameters()
+        )
+    assert all(t.requires_grad for t in model.parameters())
+
+
 def test_crop_flip_equals_a_per_sample_loop():
     x = torch.arange(2 * 2 * 3 * 4, dtype=torch.float32).reshape(2, 2, 3, 4)
     torch.manual_seed(3)

@@ -118,6 +118,22 @@ def crop_flip(padding: int) -> Callable[[Tensor], Tensor]:
     return transform
 
 
+@contextmanager
+def frozen_except(model: nn.Module, params: Iterable[Tensor]) -> Iterator[None]:
+    """Within the block, the parameters of ``model`` that are not in ``params`` and require a
+    gradient do not (restored on exit, also after an error): they are not optimised, so
+    autograd need not compute their gradients. Gradients of ``params`` are unchanged."""
+    keep = {id(t) for t in params}
+    off = [t for t in model.parameters() if t.requires_grad and id(t) not in keep]
+    for t in off:
+        t.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for t in off:
+            t.requires_grad_(True)
+
+
 def cross_entropy(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(model(x), y)
 
@@ -146,7 +162,9 @@ def local_sgd(
     client and round, which makes runs reproducible and resumable). ``steps``, when given,
     replaces ``epochs``: exactly that many mini-batch steps, cycling through fresh permutations
     (MAP's stage lengths are counted in steps). ``params`` restricts which tensors are
-    optimised (default: all parameters; :meth:`PFLModel.group_params` names the body and head).
+    optimised (default: all parameters; :meth:`PFLModel.group_params` names the body and head);
+    the model's other parameters are frozen while the loop runs (:func:`frozen_except`), so
+    backward computes no gradient for them (FedRep's head epochs skip the body's backward).
     ``grad_hooks`` run in order after each backward pass and before the optimiser step, each
     editing the gradients of ``params`` in place: :func:`clip_grad`, :func:`shift_grad`,
     :func:`proximal_pull`. ``transform`` (e.g. :func:`crop_flip`) augments each input batch.
@@ -161,22 +179,23 @@ def local_sgd(
         steps = epochs * steps_per_epoch(n, batch_size)
     total = torch.zeros((), device=x.device)
     done = 0
-    while done < steps:
-        # drawn on the CPU whatever the device, so a seed gives the same batches everywhere
-        perm = torch.randperm(n, device="cpu").to(x.device)
-        for i in range(0, n, batch_size):
-            if done == steps:
-                break
-            idx = perm[i : i + batch_size]
-            opt.zero_grad(set_to_none=True)
-            xb = x[idx] if transform is None else transform(x[idx])
-            loss = loss_fn(model, xb, y[idx])
-            loss.backward()
-            for hook in grad_hooks:
-                hook(params)
-            opt.step()
-            total += loss.detach()
-            done += 1
+    with frozen_except(model, params):
+        while done < steps:
+            # drawn on the CPU whatever the device, so a seed gives the same batches everywhere
+            perm = torch.randperm(n, device="cpu").to(x.device)
+            for i in range(0, n, batch_size):
+                if done == steps:
+                    break
+                idx = perm[i : i + batch_size]
+                opt.zero_grad(set_to_none=True)
+                xb = x[idx] if transform is None else transform(x[idx])
+                loss = loss_fn(model, xb, y[idx])
+                loss.backward()
+                for hook in grad_hooks:
+                    hook(params)
+                opt.step()
+                total += loss.detach()
+                done += 1
     return float(total) / max(done, 1)
 
 
