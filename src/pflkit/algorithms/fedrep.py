@@ -22,8 +22,9 @@ config's optimiser settings and lr.
 Deviations: the paper's weighting is the plain mean; the default here is the sample-weighted
 mean (the PFLlib/GPFL code that runs this baseline), ``weighting: uniform`` gives the paper's.
 Heads start from the shared initial model (:mod:`~pflkit.algorithms.fedper`). "Frozen" means
-not optimised: BatchNorm running statistics in the body still move during head epochs (as in
-the authors' code, which only sets ``requires_grad``).
+not optimised and without gradient (``local_sgd`` turns ``requires_grad`` off, as the authors'
+code does, so head epochs skip the body's backward); BatchNorm running statistics in the body
+still move during head epochs, as in that code.
 """
 
 from __future__ import annotations
