@@ -59,17 +59,17 @@ def moreau_steps(
 ) -> Params:
     """K steps of gradient descent on loss_of(theta) + (lam / 2) ||theta - anchor||^2 from
     ``theta``; returns the new theta (detached)."""
-    theta = {k: v.detach().clone() for k, v in theta.items()}
+    theta = {k: v.detach().clone().requires_grad_(True) for k, v in theta.items()}
+    ts, anchors = list(theta.values()), [anchor[k] for k in theta]
     for _ in range(steps):
-        for v in theta.values():
-            v.requires_grad_(True)
-        grads = torch.autograd.grad(loss_of(theta), list(theta.values()))
-        with torch.no_grad():
-            theta = {
-                k: v - lr * (g + lam * (v - anchor[k]))
-                for (k, v), g in zip(theta.items(), grads, strict=True)
-            }
-    return theta
+        grads = torch.autograd.grad(loss_of(theta), ts)
+        with torch.no_grad():  # theta -= lr * (g + lam * (theta - anchor)), in place
+            step = torch._foreach_sub(ts, anchors)
+            torch._foreach_mul_(step, lam)
+            torch._foreach_add_(step, grads)
+            torch._foreach_mul_(step, lr)
+            torch._foreach_sub_(ts, step)
+    return {k: v.detach() for k, v in theta.items()}
 
 
 def pfedme_loss(theta: Params, lam: float, lr: float, k_steps: int) -> LossFn:
