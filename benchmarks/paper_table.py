@@ -27,7 +27,10 @@ client sampling). "reproduced": same sign as the paper's Delta and |mean Delta| 
 seeds; "same direction, within noise": same sign, not larger than the std; "reversed": opposite
 sign and larger than the std; "not resolved": otherwise; "–" with fewer than 2 paired seeds. Also
 printed: both orders of the methods and Spearman's rank correlation of the whole column.
-``--json`` writes every number per method and seed.
+``--json`` writes every number per method and seed. ``--by-round`` adds, per metric, the
+reference method against the best other method at every evaluated round (each method's mean
+over its seeds, from the runs' metrics.jsonl) and the round from which the reference stays
+first.
 """
 
 from __future__ import annotations
@@ -193,13 +196,16 @@ def method(label: str) -> str:
 def main() -> None:
     args = sys.argv[1:]
     out_json = None
+    by_round = "--by-round" in args
+    if by_round:
+        args.remove("--by-round")
     if "--json" in args:
         i = args.index("--json")
         out_json = Path(args[i + 1])
         del args[i : i + 2]
     if len(args) < 2 or args[0] not in COLUMNS:
         print(
-            f"usage: paper_table.py COLUMN FOLDER... [--json OUT.json], COLUMN one of "
+            f"usage: paper_table.py COLUMN FOLDER... [--json OUT.json] [--by-round], COLUMN one of "
             f"{', '.join(COLUMNS)}",
             file=sys.stderr,
         )
@@ -238,8 +244,46 @@ def main() -> None:
             if max(theirs, key=theirs.__getitem__) == col.reference:
                 print(_pattern(ours, col))
         print()
+        if by_round and ref is not None:
+            print(_lead_by_round(args[1:], ref, key, title))
     if out_json:
         out_json.write_text(json.dumps(runs_digest(runs), indent=1) + "\n")
+
+
+def curves(folders: list[str], key: str) -> dict[str, dict[int, float]]:
+    """Label -> evaluated round -> 100 x ``key`` averaged over the label's seeds that have it
+    at that round (metrics.jsonl of every ``<label>-s<seed>`` run under ``folders``)."""
+    sums: dict[str, dict[int, list[float]]] = {}
+    for folder in folders:
+        for path in sorted(Path(folder).glob("*-s*/metrics.jsonl")):
+            label = path.parent.name.rsplit("-s", 1)[0]
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                if row.get(key) is not None:
+                    sums.setdefault(label, {}).setdefault(row["round"], []).append(row[key])
+    return {
+        lb: {r: 100 * float(np.mean(v)) for r, v in sorted(by.items())} for lb, by in sums.items()
+    }
+
+
+def _lead_by_round(folders: list[str], ref: str, key: str, title: str) -> str:
+    """The reference's lead over the best other method at every round all methods evaluated."""
+    curve = curves(folders, key)
+    rounds = sorted(set.intersection(*(set(c) for c in curve.values())))
+    lines = [
+        f"#### {title}: {ref} against the best other method, by round (means over seeds)\n",
+        f"| round | {ref} (%) | best other method | its accuracy (%) | lead (points) |",
+        "|---|---|---|---|---|",
+    ]
+    since = None
+    for r in rounds:
+        best = max((lb for lb in curve if lb != ref), key=lambda lb: curve[lb][r])
+        lead = curve[ref][r] - curve[best][r]
+        since = (since or r) if lead > 0 else None
+        lines.append(f"| {r} | {curve[ref][r]:.2f} | {best} | {curve[best][r]:.2f} | {lead:+.2f} |")
+    stays = f"from round {since} on" if since else "not at the last evaluated round"
+    lines.append(f"\n{ref} is above every other method {stays}.\n")
+    return "\n".join(lines)
 
 
 def _mean_last(by_seed: dict[int, dict]) -> dict[int, dict]:

@@ -377,6 +377,34 @@ def test_paper_table_pfedsim_pattern_line(tmp_path):
     assert "(ours last: fedavg, fedprox, local, feddyn, fedgen)" in out
 
 
+def test_paper_table_lead_by_round_by_hand(tmp_path):
+    """--by-round: at each round every method evaluated, the reference's seed mean minus the
+    best other method's seed mean, and the round from which the reference stays first."""
+    curves = {  # label -> seed -> pooled accuracy at rounds 10, 20, 30, 40
+        "gpfl": {0: (0.50, 0.80, 0.70, 0.90), 1: (0.60, 0.90, 0.80, 0.92)},
+        "fedrep": {0: (0.70, 0.80, 0.74, 0.85), 1: (0.70, 0.80, 0.80, 0.85)},
+        "fedavg": {0: (0.40, 0.50, 0.60, 0.88), 1: (0.40, 0.50, 0.60, 0.88)},
+    }
+    for label, by_seed in curves.items():
+        _summaries(tmp_path, label, "pers_acc_weighted", (0.9, 0.9))
+        for seed, accs in by_seed.items():
+            rows = [{"round": 10 * (i + 1), "pers_acc_weighted": a} for i, a in enumerate(accs)]
+            rows.insert(0, {"round": 5, "train_loss": 1.0})  # a round without evaluation
+            text = "".join(json.dumps(r) + "\n" for r in rows)
+            (tmp_path / f"{label}-s{seed}" / "metrics.jsonl").write_text(text)
+    cmd = [sys.executable, str(PAPER_TABLE), "gpfl/fmnist_prac", str(tmp_path), "--by-round"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    # round 10: 55 vs FedRep 70; 20: 85 vs 80; 30: 75 vs FedRep 77; 40: 91 vs FedAvg 88
+    assert rows == [
+        "| 10 | 55.00 | fedrep | 70.00 | -15.00 |",
+        "| 20 | 85.00 | fedrep | 80.00 | +5.00 |",
+        "| 30 | 75.00 | fedrep | 77.00 | -2.00 |",
+        "| 40 | 91.00 | fedavg | 88.00 | +3.00 |",
+    ]
+    assert "gpfl is above every other method from round 40 on." in out
+
+
 def test_compare_kept_goes_on_from_the_kept_runs(tmp_path):
     """benchmarks/compare_kept.sh: a compare kept in KEEP and lost from runs/ is continued from
     KEEP (its finished runs are not run again: their summaries are byte for byte the kept ones)
