@@ -6,10 +6,11 @@
 #   pflkit report DEST                         # the table of every kept run
 #
 # For every finished run (a folder with summary.json) in FOLDER or directly under it, copies
-# config.yaml, summary.json, metrics.jsonl and provenance.json into DEST/<run folder name>/;
-# checkpoints and logs stay behind. Unfinished runs are skipped. A run already kept with the
-# same summary is left as it is; one with a different summary is an error (exit 2), so two
-# different runs never share a name. A compare folder's compare.yaml (the config every run
+# config.yaml, summary.json, metrics.jsonl, provenance.json and relation.json (R-pFedPM's
+# scores, benchmarks/pfedpm_relation.py) into DEST/<run folder name>/; checkpoints and logs
+# stay behind. Unfinished runs are skipped. A run already kept with the same summary gets only
+# the files it lacks (a relation.json written after it was kept); one with a different summary
+# is an error (exit 2), so two different runs never share a name. A compare folder's compare.yaml (the config every run
 # shares) is kept too, so a later session continues the compare from what is kept
 # (benchmarks/compare_kept.sh does both: it keeps, and it continues from DEST).
 set -euo pipefail
@@ -38,17 +39,16 @@ for folder in "$@"; do
     while IFS= read -r summary; do
         run=$(dirname "$summary")
         target=$dest/$(basename "$run")
-        if [[ -f $target/summary.json ]]; then
-            if cmp -s "$summary" "$target/summary.json"; then continue; fi
+        if [[ -f $target/summary.json ]] && ! cmp -s "$summary" "$target/summary.json"; then
             echo "keep_runs: '$target' already holds a different run than '$run':" \
                 "keep it under another DEST or remove it first" >&2
             exit 2
         fi
+        if [[ ! -f $target/summary.json ]]; then kept=$((kept + 1)); fi
         mkdir -p "$target"
-        for f in config.yaml summary.json metrics.jsonl provenance.json; do
-            if [[ -f $run/$f ]]; then cp "$run/$f" "$target/$f"; fi
+        for f in config.yaml summary.json metrics.jsonl provenance.json relation.json; do
+            if [[ -f $run/$f && ! -f $target/$f ]]; then cp "$run/$f" "$target/$f"; fi
         done
-        kept=$((kept + 1))
     done < <(find "$folder" -maxdepth 2 -name summary.json -type f | sort)
 done
 echo "kept $kept new run(s) in $dest"

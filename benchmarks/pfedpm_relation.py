@@ -8,7 +8,10 @@ for every finished pFedPM run (summary.json, checkpoints/latest.pt of its last r
 loads the final state, switches ``algorithm.inference`` to ``relation`` and evaluates each
 client on its local test split, exactly as the engine's evaluation does (the same state scored
 with ``inference: head`` must give the run's recorded last-round accuracy; checked). It writes
-``relation.json`` into the run folder and prints head vs relation accuracy (last round).
+``relation.json`` into the run folder and prints head vs relation accuracy (last round), per
+run and as mean ± std over each setting's seeds. A run whose ``relation.json`` is of its last
+round is not scored again, so kept runs (benchmarks/keep_runs.sh keeps relation.json, not the
+checkpoints) report too.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from pflkit.config import load_config
 from pflkit.data.federated import build_federated
@@ -38,29 +43,50 @@ def main(argv: list[str]) -> int:
         return 2
     print("| run | round | head pers_acc_mean | relation pers_acc_mean |")
     print("|---|---:|---:|---:|")
-    found = 0
+    by_setting: dict[str, list[tuple[float, float]]] = {}
     for folder in map(Path, argv):
         for summary in sorted(folder.glob("*/summary.json")):
             run, s = summary.parent, json.loads(summary.read_text())
             if s["algorithm"] != "pfedpm":
                 continue
-            found += 1
-            rel, head = scores(run, "relation"), scores(run, "head")
-            if rel["round"] != s["rounds"]:
-                print(
-                    f"{run}: its checkpoint is of round {rel['round']}, not the last",
-                    file=sys.stderr,
-                )
+            rel = relation(run, s)
+            if rel is None:
                 return 2
-            # the restored state must score the run's own recorded head accuracy
-            assert abs(head["pers_acc_mean"] - s["final"]["pers_acc_mean"]) < 1e-9, run
-            (run / "relation.json").write_text(json.dumps(rel, indent=1) + "\n")
-            acc = (100 * head["pers_acc_mean"], 100 * rel["pers_acc_mean"])
+            acc = (100 * s["final"]["pers_acc_mean"], 100 * rel["pers_acc_mean"])
+            setting = f"{folder.name}: {run.name.rsplit('-s', 1)[0]}"  # seeds of one folder
+            by_setting.setdefault(setting, []).append(acc)
             print(f"| {run.name} | {rel['round']} | {acc[0]:.2f} | {acc[1]:.2f} |")
-    if not found:
+    if not by_setting:
         print("no finished pfedpm runs in those folders", file=sys.stderr)
         return 2
+    print("\n| folder: setting | seeds | head (%) | relation (%) |\n|---|---:|---:|---:|")
+    for setting, accs in by_setting.items():
+        head, rel = np.array(accs).T
+        print(f"| {setting} | {len(accs)} | {_ms(head)} | {_ms(rel)} |")
     return 0
+
+
+def relation(run: Path, s: dict) -> dict | None:
+    """The run's relation scores at its last round: its relation.json, else scored from its
+    checkpoint (and written to relation.json); None, with a sentence, if neither can be had."""
+    kept = run / "relation.json"
+    if kept.is_file() and json.loads(kept.read_text())["round"] == s["rounds"]:
+        return json.loads(kept.read_text())
+    if not (run / "checkpoints" / "latest.pt").is_file():
+        print(f"{run}: no relation.json of its last round and no checkpoint", file=sys.stderr)
+        return None
+    rel, head = scores(run, "relation"), scores(run, "head")
+    if rel["round"] != s["rounds"]:
+        print(f"{run}: its checkpoint is of round {rel['round']}, not the last", file=sys.stderr)
+        return None
+    # the restored state must score the run's own recorded head accuracy
+    assert abs(head["pers_acc_mean"] - s["final"]["pers_acc_mean"]) < 1e-9, run
+    kept.write_text(json.dumps(rel, indent=1) + "\n")
+    return rel
+
+
+def _ms(v: np.ndarray) -> str:
+    return f"{v.mean():.2f} ± {v.std():.2f}" if len(v) > 1 else f"{v[0]:.2f}"
 
 
 if __name__ == "__main__":

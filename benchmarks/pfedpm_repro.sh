@@ -2,9 +2,9 @@
 # pFedPM Tables I-II reproduction on real Fashion-MNIST (docs/pfedpm.md, "Reproduction"):
 # for n = 3, 4, 5 ways, every arm of configs/pfedpm/fmnist_nway.yaml (pFedPM, FedProto and the
 # baselines) and of fmnist_nway_mh.yaml (pFedPM-mh), 3 seeds each, JOBS whole runs at a time
-# (one torch thread each), into OUT/pfedpm-n<N> and OUT/pfedpm-mh-n<N>. Then the tables,
-# R-pFedPM (the same pFedPM runs scored through the relation module) and the communication
-# table:
+# (one torch thread each), into OUT/pfedpm-n<N> and OUT/pfedpm-mh-n<N>, each followed by
+# R-pFedPM (the same pFedPM runs scored through the relation module, relation.json, kept with
+# the runs). Then the tables and the communication table:
 #   benchmarks/pfedpm_repro.sh [JOBS] [OUT] [N ...]       # defaults: 2, runs, 3 4 5
 #   pflkit report runs/pfedpm-n3 runs/pfedpm-mh-n3 --at mean_last
 #   python benchmarks/pfedpm_relation.py runs/pfedpm-n3 runs/pfedpm-mh-n3
@@ -26,12 +26,16 @@ OUT=${2:-runs}
 shift $(($# < 2 ? $# : 2))
 NS=${*:-3 4 5}
 KEEP=${KEEP:-docs/results}
+PY=${PY:-.venv/bin/python}
 for n in $NS; do
-    benchmarks/compare_kept.sh "$KEEP/pfedpm-n$n" "$OUT/pfedpm-n$n" \
-        configs/pfedpm/fmnist_nway.yaml --set data.partition.n="$n" --jobs "$JOBS" -q \
-        --keep-going || went_on $?
-    benchmarks/compare_kept.sh "$KEEP/pfedpm-mh-n$n" "$OUT/pfedpm-mh-n$n" \
-        configs/pfedpm/fmnist_nway_mh.yaml --set data.partition.n="$n" --jobs "$JOBS" -q \
-        --keep-going || went_on $?
+    for arm in pfedpm pfedpm-mh; do
+        config=configs/pfedpm/fmnist_nway.yaml
+        if [[ $arm == pfedpm-mh ]]; then config=configs/pfedpm/fmnist_nway_mh.yaml; fi
+        benchmarks/compare_kept.sh "$KEEP/$arm-n$n" "$OUT/$arm-n$n" "$config" \
+            --set data.partition.n="$n" --jobs "$JOBS" -q --keep-going || went_on $?
+        # R-pFedPM needs the final checkpoints, which are not kept: score now, keep the scores
+        "$PY" benchmarks/pfedpm_relation.py "$OUT/$arm-n$n" || went_on $?
+        benchmarks/keep_runs.sh "$KEEP/$arm-n$n" "$OUT/$arm-n$n"
+    done
 done
 exit $status

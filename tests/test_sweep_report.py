@@ -299,6 +299,9 @@ def test_keep_runs_copies_the_record_of_finished_runs_only(tmp_path):
         make_report(dest).markdown() == make_report(src / "fedavg-s0", src / "fedavg-s1").markdown()
     )
     assert "kept 0 new run(s)" in keep(src).stdout  # the same runs again: nothing to do
+    (src / "fedavg-s0" / "relation.json").write_text("{}\n")  # written after it was kept
+    assert "kept 0 new run(s)" in keep(src).stdout
+    assert (dest / "fedavg-s0" / "relation.json").read_text() == "{}\n"
     other = tmp_path / "other"
     _fake_run(other / "fedavg-s0", "fedavg", 0, 0.9, 0.9)
     clash = keep(other)
@@ -403,6 +406,32 @@ def test_paper_table_lead_by_round_by_hand(tmp_path):
         "| 40 | 91.00 | fedavg | 88.00 | +3.00 |",
     ]
     assert "gpfl is above every other method from round 40 on." in out
+
+
+def test_pfedpm_relation_reports_kept_scores_by_folder_and_setting(tmp_path):
+    """benchmarks/pfedpm_relation.py on kept runs (relation.json, no checkpoint): head and
+    relation accuracy per run, mean ± population std over each folder's seeds; a pFedPM run
+    with neither relation.json of its last round nor a checkpoint is one sentence, exit 2."""
+    script = Path(__file__).parents[1] / "benchmarks" / "pfedpm_relation.py"
+
+    def run(folder: str, label: str, head: float, rel: float, rel_round: int = 100) -> None:
+        d = tmp_path / folder / label
+        d.mkdir(parents=True)
+        summary = {"algorithm": "pfedpm", "rounds": 100, "final": {"pers_acc_mean": head}}
+        (d / "summary.json").write_text(json.dumps(summary))
+        (d / "relation.json").write_text(json.dumps({"round": rel_round, "pers_acc_mean": rel}))
+
+    run("n3", "pfedpm-s0", 0.90, 0.80)
+    run("n3", "pfedpm-s1", 0.92, 0.84)  # head 91 ± 1, relation 82 ± 2
+    run("mh", "pfedpm-s0", 0.50, 0.40)  # another folder: not pooled with n3
+    cmd = [sys.executable, str(script), str(tmp_path / "n3"), str(tmp_path / "mh")]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "| n3: pfedpm | 2 | 91.00 ± 1.00 | 82.00 ± 2.00 |" in out
+    assert "| mh: pfedpm | 1 | 50.00 | 40.00 |" in out
+    run("old", "pfedpm-s0", 0.9, 0.8, rel_round=50)  # scores of another round, no checkpoint
+    bad = subprocess.run([*cmd[:2], str(tmp_path / "old")], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "no relation.json of its last round and no checkpoint" in bad.stderr
 
 
 def test_compare_kept_goes_on_from_the_kept_runs(tmp_path):
