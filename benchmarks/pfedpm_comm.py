@@ -31,6 +31,7 @@ PAPER = {
     "fedrep": 110,
     "l2gd": 110,
     "pfedpm": 4,
+    "pfedpm-mh": 4,  # the compare label of configs/pfedpm/fmnist_nway_mh.yaml
     "fedproto": 4,
 }
 

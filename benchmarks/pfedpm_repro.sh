@@ -6,9 +6,10 @@
 # R-pFedPM (the same pFedPM runs scored through the relation module, relation.json, kept with
 # the runs). Then the tables and the communication table:
 #   benchmarks/pfedpm_repro.sh [JOBS] [OUT] [N ...]       # defaults: 2, runs, 3 4 5
-#   pflkit report runs/pfedpm-n3 runs/pfedpm-mh-n3 --at mean_last
-#   python benchmarks/pfedpm_relation.py runs/pfedpm-n3 runs/pfedpm-mh-n3
-#   python benchmarks/pfedpm_comm.py runs/pfedpm-n3 runs/pfedpm-mh-n3
+#   python benchmarks/paper_table.py pfedpm/fmnist_n3 docs/results/pfedpm-n3 \
+#       docs/results/pfedpm-mh-n3                  # the table and the ranking verdict
+#   python benchmarks/pfedpm_relation.py docs/results/pfedpm-n3 docs/results/pfedpm-mh-n3
+#   python benchmarks/pfedpm_comm.py docs/results/pfedpm-n3 docs/results/pfedpm-mh-n3
 # A failed run (e.g. a diverged loss) stops only itself (--keep-going); the script goes on and
 # exits 2 at the end, after the sentence naming it. Safe to stop and restart: compare keeps
 # finished runs and resumes interrupted ones. Every finished run's record is also kept in

@@ -380,6 +380,26 @@ def test_paper_table_pfedsim_pattern_line(tmp_path):
     assert "(ours last: fedavg, fedprox, local, feddyn, fedgen)" in out
 
 
+def test_paper_table_pfedpm_column_by_hand(tmp_path):
+    """pFedPM's n = 4 column: the mean over clients, Deltas against pFedPM, the paper's Deltas
+    from Table I's MNIST n = 4 (FedAvg 94.32 - 97.52 = -3.20, pFedPM-mh 97.70 - 97.52 = +0.18)
+    and FedProto's own 96.80; pFedPM-mh's runs are found under their compare label."""
+    for label, accs in {
+        "pfedpm(lam=1.0,a=0.4)": (0.90, 0.92),
+        "pfedpm-mh": (0.91, 0.94),  # Delta +1, +2
+        "fedproto(lam=1.0)": (0.89, 0.92),  # Delta -1, 0
+        "fedavg": (0.70, 0.72),  # Delta -20, -20
+    }.items():
+        _summaries(tmp_path, label, "pers_acc_mean", accs)
+    cmd = [sys.executable, str(PAPER_TABLE), "pfedpm/fmnist_n4", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    assert rows["fedavg"][4:8] == ["94.32", "-20.0 ± 0.0 (n=2)", "-3.2", "reproduced |"]
+    assert rows["pfedpm-mh"][4:8] == ["97.7", "+1.5 ± 0.5 (n=2)", "+0.2", "reproduced |"]
+    assert rows["fedproto(lam=1.0)"][4:7] == ["96.8", "-0.5 ± 0.5 (n=2)", "-0.7"]
+    assert "paper: pfedpm-mh > pfedpm > fedproto > fedavg" in out
+
+
 def test_paper_table_lead_by_round_by_hand(tmp_path):
     """--by-round: at each round every method evaluated, the reference's seed mean minus the
     best other method's seed mean, and the round from which the reference stays first."""
