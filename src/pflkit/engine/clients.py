@@ -25,7 +25,7 @@ import os
 import pickle
 import signal
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
@@ -205,6 +205,18 @@ class ClientRunner:
         runs while the clients evaluate, where they run elsewhere."""
         raise NotImplementedError
 
+    def _store(self, updates: Iterable[tuple[int, Any]]) -> TrainResults:
+        """Keep each client's new state from its ``(cid, train_client result)``, in order, and
+        return the uploads and metrics; a diverged client (None) is noted and left out."""
+        out: TrainResults = {}
+        for cid, update in updates:
+            if update is None:  # diverged, train.on_nan: skip_client
+                self.diverged.append(cid)
+                continue
+            upload, self.sim.clients[cid], metrics = update
+            out[cid] = (upload, metrics)
+        return out
+
     def row_extras(self, row: dict[str, Any]) -> dict[str, Any]:
         """Runner-specific fields to add to this round's metrics ``row``: here the clients
         that diverged and were left out (``train.on_nan: skip_client``)."""
@@ -220,16 +232,14 @@ class InProcess(ClientRunner):
 
     def train(self, rnd, p, phase, payloads):
         sim = self.sim
-        out: TrainResults = {}
-        for cid, payload in payloads.items():
-            env, state = sim.envs[cid], sim.client_state(cid)
-            update = train_client(sim.algo, env, sim.cfg.seed, rnd, p, phase, payload, state)
-            if update is None:  # diverged, train.on_nan: skip_client
-                self.diverged.append(cid)
-                continue
-            upload, sim.clients[cid], metrics = update
-            out[cid] = (upload, metrics)
-        return out
+
+        def one(cid: int, payload: Payload):
+            state = sim.client_state(cid)
+            return train_client(
+                sim.algo, sim.envs[cid], sim.cfg.seed, rnd, p, phase, payload, state
+            )
+
+        return self._store((cid, one(cid, payload)) for cid, payload in payloads.items())
 
     def evaluate(self, rnd, views, uploads=None, meanwhile=None):
         sim = self.sim
@@ -365,14 +375,7 @@ class ProcessPool(ClientRunner):
             cid: ("train", cid, (rnd, p, phase, payload, sim.client_state(cid)))
             for cid, payload in payloads.items()
         }
-        out: TrainResults = {}
-        for cid, update in self._run("training", rnd, jobs, None).items():
-            if update is None:  # diverged, train.on_nan: skip_client
-                self.diverged.append(cid)
-                continue
-            upload, sim.clients[cid], metrics = update
-            out[cid] = (upload, metrics)
-        return out
+        return self._store(self._run("training", rnd, jobs, None).items())
 
     def evaluate(self, rnd, views, uploads=None, meanwhile=None):
         sim = self.sim
