@@ -56,6 +56,19 @@ def _no_data(ax: Any, what: str) -> None:
     ax.set_yticks([])
 
 
+def _round_axes(ax: Any, drawn: Any, ylabel: str, what: str, *entries: Any, **legend: Any) -> None:
+    """Label a per-round plot (integer rounds, grid, legend of ``entries``, else of the lines'
+    labels), or say it has no ``what``."""
+    if not drawn:
+        _no_data(ax, what)
+        return
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(*entries, fontsize=8, **legend)
+
+
 def plot_class_heatmap(
     table: np.ndarray, path: Path, title: str = "", class_names: Sequence[str] | None = None
 ) -> None:
@@ -147,14 +160,7 @@ def plot_curves(
         if n_seeds > 1:
             ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn += 1
-    if drawn:
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    else:
-        _no_data(ax, ylabel or "values")
+    _round_axes(ax, drawn, ylabel, ylabel or "values")
     if title:
         ax.set_title(title + ("\n(line: mean over seeds, band: min..max)" if drawn else ""))
     _save(fig, path)
@@ -212,21 +218,17 @@ def plot_compare(
             if len(kinds[kind]) > 1:
                 ax.fill_between(grid, 100 * lo, 100 * hi, color=colour, alpha=0.15, linewidth=0)
             drawn.append((grid, mean, line, [name]))
-    if drawn:
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("accuracy (%)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(
-            [d[2] for d in drawn],
-            [" = ".join(d[3]) for d in drawn],
-            fontsize=8,
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1.0),
-            frameon=False,
-        )
-    else:
-        _no_data(ax, "accuracy")
+    legend = ([d[2] for d in drawn], [" = ".join(d[3]) for d in drawn])
+    _round_axes(
+        ax,
+        drawn,
+        "accuracy (%)",
+        "accuracy",
+        *legend,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        frameon=False,
+    )
     ax.set_title(
         (title + "\n" if title else "")
         + "solid: personalized (mean over clients), dashed: global model; "
@@ -253,14 +255,7 @@ def _panel(ax: Any, metrics: Sequence[Mapping[str, Any]], keys: dict[str, str], 
             continue
         ax.plot(r, v, label=label, marker="o" if r.size <= 30 else None, markersize=3)
         drawn += 1
-    if drawn:
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(what)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    else:
-        _no_data(ax, what)
+    _round_axes(ax, drawn, what, what)
 
 
 def plot_run(metrics: list[dict], path: Path, title: str = "") -> None:
