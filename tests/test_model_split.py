@@ -37,6 +37,59 @@ def test_fedrep_freezes_the_body_in_head_epochs_and_the_head_in_body_epochs(
     assert (body_same, head_same) == ((True, False) if body_epochs == 0 else (False, True))
 
 
+@pytest.mark.parametrize("head_epochs, body_epochs", [(2, 0), (0, 2)])
+def test_fedrep_private_layers_train_with_the_head(head_epochs, body_epochs):
+    """private_layers: [3] (mlp [4, 3]: body layers 1 and 3): layer 3 is private, trained in
+    the head epochs with the head and frozen with it in the body epochs; layer 1 alone is
+    uploaded."""
+    x, y = data(12, 5, 3)
+    algo, senv, env = one_client(
+        {"name": "fedrep", "head_epochs": head_epochs, "body_epochs": body_epochs,
+         "private_layers": ["3"]},
+        x, y, 3, hidden=(4, 3), batch_size=4,
+    )  # fmt: skip
+    server, state = algo.server_init(senv), algo.client_init(env)
+    assert sorted(server["body"]) == ["body.1.bias", "body.1.weight"]
+    assert sorted(state["head"]) == ["body.3.bias", "body.3.weight", "head.bias", "head.weight"]
+    up, new, _ = algo.client_update(env, algo.configure(senv, server, 0, 1, "train"), state, 1, "t")
+    assert sorted(up["body"]) == sorted(server["body"])
+    body_same = all(torch.equal(up["body"][k], server["body"][k]) for k in server["body"])
+    private_same = [torch.equal(new["head"][k], state["head"][k]) for k in state["head"]]
+    if body_epochs == 0:
+        assert body_same and not any(private_same)
+    else:
+        assert not body_same and all(private_same)
+
+
+@pytest.mark.parametrize("name", ["fedper", "fedrep"])
+def test_private_layers_do_not_go_over_the_wire(tmp_path, name):
+    """mlp [32, 16] with private_layers [3]: only the first layer crosses, 64 * 32 + 32
+    numbers each way (plus the 8-byte sample count up)."""
+    algo = {
+        "name": name,
+        "private_layers": ["3"],
+        **({"head_epochs": 1} if name == "fedrep" else {}),
+    }
+    model = {"name": "mlp", "options": {"hidden": [32, 16]}}
+    cfg = validate(tiny_config(algorithm=algo, model=model, train={"rounds": 1}))
+    row = run_experiment(cfg, out=tmp_path / "r").rows[0]
+    assert set(row["bytes_down"]) == {4 * BODY} and set(row["bytes_up"]) == {4 * BODY + 8}
+
+
+@pytest.mark.parametrize(
+    "layers, match",
+    [
+        (["fc1"], r"'fc1' is not a layer of the model's body \(its layers: 1\)"),
+        (["1"], "leaves nothing shared"),
+    ],
+)
+def test_private_layers_bad_input_is_one_sentence(tmp_path, layers, match):
+    cfg = validate(tiny_config(algorithm={"name": "fedper", "private_layers": layers}))
+    with pytest.raises(PflkitError, match=match):
+        run_experiment(cfg, out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
 # -- FedRoD ---------------------------------------------------------------------------------------
 
 

@@ -2,7 +2,8 @@
 Personalized Federated Learning", ICML 2021 (Algorithm 1).
 
 Shared: the representation phi (the model's ``body``). Private: the head h_i (the model's
-``head``), which never leaves the client.
+``head``), which never leaves the client; ``private_layers`` (:mod:`~pflkit.algorithms.fedper`)
+moves named body layers into h_i.
 
 Client i, given the global phi^t (Algorithm 1, "Client update"):
 
@@ -56,8 +57,11 @@ class FedRep(SplitBody):
         p = self.params
         body_epochs = env.run.train.local_epochs if p.body_epochs is None else p.body_epochs
         losses = []
+        params = dict(model.named_parameters())
+        head = [params[k] for k in self.private_keys(model) if k in params]
+        body = [params[k] for k in self.shared_keys(model) if k in params]
         if p.head_epochs:
-            losses.append(env.train(model, epochs=p.head_epochs, params=model.group_params("head")))
+            losses.append(env.train(model, epochs=p.head_epochs, params=head))
         if body_epochs:
-            losses.append(env.train(model, epochs=body_epochs, params=model.group_params("body")))
+            losses.append(env.train(model, epochs=body_epochs, params=body))
         return losses[-1]
