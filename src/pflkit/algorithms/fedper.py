@@ -47,7 +47,7 @@ class SplitBody(Algorithm):
     class Params(Algorithm.Params):
         weighting: Weighting = param("samples", "paper (weighted by local data size)")
         private_layers: list[str] = param(
-            [], "paper (the head only); [fc1] with fedproto_cnn: FedProto's code (convs shared)"
+            [], "paper (the head only); fc1 with fedproto_cnn: FedProto's code (convs shared)"
         )
 
     def check(self, env: ServerEnv) -> None:
