@@ -10,9 +10,10 @@
 # scores, benchmarks/pfedpm_relation.py) into DEST/<run folder name>/; checkpoints and logs
 # stay behind. Unfinished runs are skipped. A run already kept with the same summary gets only
 # the files it lacks (a relation.json written after it was kept); one with a different summary
-# is an error (exit 2), so two different runs never share a name. A compare folder's compare.yaml (the config every run
-# shares) is kept too, so a later session continues the compare from what is kept
-# (benchmarks/compare_kept.sh does both: it keeps, and it continues from DEST).
+# is an error (exit 2), so two different runs never share a name. A compare folder's
+# compare.yaml (the config every run shares) is kept too, so a later session continues the
+# compare from what is kept (benchmarks/compare_kept.sh does both: it keeps, and it continues
+# from DEST).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
     echo "usage: benchmarks/keep_runs.sh DEST FOLDER... (run, compare or sweep folders)" >&2

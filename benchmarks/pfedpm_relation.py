@@ -70,8 +70,10 @@ def relation(run: Path, s: dict) -> dict | None:
     """The run's relation scores at its last round: its relation.json, else scored from its
     checkpoint (and written to relation.json); None, with a sentence, if neither can be had."""
     kept = run / "relation.json"
-    if kept.is_file() and json.loads(kept.read_text())["round"] == s["rounds"]:
-        return json.loads(kept.read_text())
+    if kept.is_file():
+        rel = json.loads(kept.read_text())
+        if rel["round"] == s["rounds"]:
+            return rel
     if not (run / "checkpoints" / "latest.pt").is_file():
         print(f"{run}: no relation.json of its last round and no checkpoint", file=sys.stderr)
         return None
