@@ -256,6 +256,40 @@ def test_resume_refuses_an_edited_config_or_a_foreign_checkpoint(tiny, tmp_path,
         run_experiment(resume=folder)
 
 
+def test_resume_survives_a_new_algorithm_parameter_and_reads_legacy_checkpoints(
+    tiny, tmp_path, monkeypatch
+):
+    from pflkit.algorithms import ALGORITHMS, param
+    from pflkit.config import validate
+    from pflkit.engine.folder import fingerprint
+    from pflkit.engine.runner import CHECKPOINT
+
+    _, folder = _interrupted_run(tiny, tmp_path, monkeypatch, algorithm={"name": "fedprox"})
+    fedprox = ALGORITHMS["fedprox"]
+
+    class Later(fedprox.Params):  # a later release adds a parameter at a neutral default
+        added: int = param(0, "test")
+
+    monkeypatch.setattr(fedprox, "Params", Later)
+    assert run_experiment(resume=folder).summary["rounds"] == 5
+    assert "added: 0" in (folder / "config.yaml").read_text()
+    # a non-default value of the new parameter is another configuration
+    _, other = _interrupted_run(tiny, tmp_path / "o", monkeypatch, algorithm={"name": "fedprox"})
+    text = (other / "config.yaml").read_text()
+    (other / "config.yaml").write_text(text.replace("added: 0", "added: 3"))
+    with pytest.raises(PflkitError, match="belongs to another configuration"):
+        run_experiment(resume=other)
+    (other / "config.yaml").write_text(text)
+    # a checkpoint written before defaults were left out of algorithm parameters
+    ckpt = torch.load(other / CHECKPOINT, weights_only=True)
+    cfg = validate(yaml.safe_load(text))
+    pid = Simulation(cfg).data.partition_id
+    new, legacy = fingerprint(cfg, pid), fingerprint(cfg, pid, legacy=True)
+    assert ckpt["fingerprint"] == new != legacy
+    torch.save(ckpt | {"fingerprint": legacy}, other / CHECKPOINT)
+    assert run_experiment(resume=other).summary["rounds"] == 5
+
+
 def test_resume_keeps_the_covered_rows_byte_for_byte_and_drops_a_torn_line(
     tiny, tmp_path, monkeypatch
 ):

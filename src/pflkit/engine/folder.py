@@ -52,12 +52,23 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def fingerprint(cfg: ExperimentConfig, partition_id: str) -> str:
+def fingerprint(cfg: ExperimentConfig, partition_id: str, legacy: bool = False) -> str:
+    """The identity of a run's configuration, stored in its checkpoints: every setting except
+    the RESUMABLE ones, the partition and the pflkit version. Settings at their default are
+    left out, algorithm parameters included, so a release that adds a setting or an algorithm
+    parameter (at a default that keeps the old behaviour) does not invalidate existing
+    checkpoints. ``legacy``: the form checkpoints were written with before 2026-11-24 (every
+    algorithm parameter, defaults included), which a resume still accepts."""
     from pflkit import __version__
+    from pflkit.algorithms import parse_params
 
-    # keys at their default are left out, so a release that adds a key (at a default that
-    # keeps old behaviour) does not invalidate existing checkpoints
     dump = cfg.model_dump(mode="json", exclude_defaults=True)
+    if not legacy:
+        cls, params = parse_params(cfg.algorithm)
+        dump["algorithm"] = {
+            "name": cls.name,
+            **params.model_dump(mode="json", exclude_defaults=True),
+        }
     for key in RESUMABLE:
         section, _, field = key.rstrip(".").partition(".")
         if field:

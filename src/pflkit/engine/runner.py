@@ -208,7 +208,9 @@ def _run_locked(
     rows: list[dict[str, Any]] = []
     write_atomic(run_dir / "config.yaml", cfg.to_yaml())  # first: it makes the folder resumable
     if resume and (run_dir / CHECKPOINT).exists():
-        sim.restore(run_dir / CHECKPOINT, fp)
+        sim.restore(
+            run_dir / CHECKPOINT, (fp, fingerprint(cfg, sim.data.partition_id, legacy=True))
+        )
         rows = keep_rows(metrics_path, sim.round)
     else:
         if resume:

@@ -129,13 +129,13 @@ class Simulation:
         state = {"round": self.round, "server": self.server, "clients": self.clients}
         save_checkpoint(path, state | {"fingerprint": fingerprint})
 
-    def restore(self, path: Path, fingerprint: str = "") -> None:
-        """Continue from a checkpoint; one written for another configuration (another
-        fingerprint) is refused. Checkpoints from before fingerprints were stored load as
-        they are."""
+    def restore(self, path: Path, fingerprints: tuple[str, ...] = ()) -> None:
+        """Continue from a checkpoint; one written for another configuration (a fingerprint
+        not in ``fingerprints``, the run's current and legacy forms) is refused. Checkpoints
+        from before fingerprints were stored load as they are."""
         ckpt = load_checkpoint(path, self.senv.device)
         theirs = ckpt.get("fingerprint")
-        if fingerprint and theirs and theirs != fingerprint:
+        if fingerprints and theirs and theirs not in fingerprints:
             raise PflkitError(
                 f"the checkpoint '{path}' belongs to another configuration than the folder's "
                 "config.yaml (edited by hand, or copied from another run): resume only "
