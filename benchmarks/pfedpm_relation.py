@@ -9,7 +9,7 @@ loads the final state, switches ``algorithm.inference`` to ``relation`` and eval
 client on its local test split, exactly as the engine's evaluation does (the same state scored
 with ``inference: head`` must give the run's recorded last-round accuracy; checked). It writes
 ``relation.json`` into the run folder and prints head vs relation accuracy (last round), per
-run and as mean ± std over each setting's seeds. A run whose ``relation.json`` is of its last
+run and as mean ± std over each setting's seeds, with their difference paired by seed. A run whose ``relation.json`` is of its last
 round is not scored again, so kept runs (benchmarks/keep_runs.sh keeps relation.json, not the
 checkpoints) report too.
 """
@@ -59,10 +59,11 @@ def main(argv: list[str]) -> int:
     if not by_setting:
         print("no finished pfedpm runs in those folders", file=sys.stderr)
         return 2
-    print("\n| folder: setting | seeds | head (%) | relation (%) |\n|---|---:|---:|---:|")
+    print("\n| folder: setting | seeds | head (%) | relation (%) | relation - head (paired) |")
+    print("|---|---:|---:|---:|---:|")
     for setting, accs in by_setting.items():
         head, rel = np.array(accs).T
-        print(f"| {setting} | {len(accs)} | {_ms(head)} | {_ms(rel)} |")
+        print(f"| {setting} | {len(accs)} | {_ms(head)} | {_ms(rel)} | {_ms(rel - head)} |")
     return 0
 
 

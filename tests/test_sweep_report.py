@@ -430,7 +430,8 @@ def test_paper_table_lead_by_round_by_hand(tmp_path):
 
 def test_pfedpm_relation_reports_kept_scores_by_folder_and_setting(tmp_path):
     """benchmarks/pfedpm_relation.py on kept runs (relation.json, no checkpoint): head and
-    relation accuracy per run, mean ± population std over each folder's seeds; a pFedPM run
+    relation accuracy per run, mean ± population std over each folder's seeds and their
+    difference paired by seed; a pFedPM run
     with neither relation.json of its last round nor a checkpoint is one sentence, exit 2."""
     script = Path(__file__).parents[1] / "benchmarks" / "pfedpm_relation.py"
 
@@ -442,12 +443,12 @@ def test_pfedpm_relation_reports_kept_scores_by_folder_and_setting(tmp_path):
         (d / "relation.json").write_text(json.dumps({"round": rel_round, "pers_acc_mean": rel}))
 
     run("n3", "pfedpm-s0", 0.90, 0.80)
-    run("n3", "pfedpm-s1", 0.92, 0.84)  # head 91 ± 1, relation 82 ± 2
+    run("n3", "pfedpm-s1", 0.92, 0.85)  # head 91 ± 1, relation 82.5 ± 2.5, paired -8.5 ± 1.5
     run("mh", "pfedpm-s0", 0.50, 0.40)  # another folder: not pooled with n3
     cmd = [sys.executable, str(script), str(tmp_path / "n3"), str(tmp_path / "mh")]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    assert "| n3: pfedpm | 2 | 91.00 ± 1.00 | 82.00 ± 2.00 |" in out
-    assert "| mh: pfedpm | 1 | 50.00 | 40.00 |" in out
+    assert "| n3: pfedpm | 2 | 91.00 ± 1.00 | 82.50 ± 2.50 | -8.50 ± 1.50 |" in out
+    assert "| mh: pfedpm | 1 | 50.00 | 40.00 | -10.00 |" in out
     run("old", "pfedpm-s0", 0.9, 0.8, rel_round=50)  # scores of another round, no checkpoint
     bad = subprocess.run([*cmd[:2], str(tmp_path / "old")], capture_output=True, text=True)
     assert bad.returncode == 2
