@@ -9,9 +9,9 @@ loads the final state, switches ``algorithm.inference`` to ``relation`` and eval
 client on its local test split, exactly as the engine's evaluation does (the same state scored
 with ``inference: head`` must give the run's recorded last-round accuracy; checked). It writes
 ``relation.json`` into the run folder and prints head vs relation accuracy (last round), per
-run and as mean ± std over each setting's seeds, with their difference paired by seed. A run whose ``relation.json`` is of its last
-round is not scored again, so kept runs (benchmarks/keep_runs.sh keeps relation.json, not the
-checkpoints) report too.
+run and as mean ± std over each setting's seeds, with their difference paired by seed. A run
+whose ``relation.json`` is of its last round is not scored again, so kept runs
+(benchmarks/keep_runs.sh keeps relation.json, not the checkpoints) report too.
 """
 
 from __future__ import annotations

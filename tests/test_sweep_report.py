@@ -431,8 +431,8 @@ def test_paper_table_lead_by_round_by_hand(tmp_path):
 def test_pfedpm_relation_reports_kept_scores_by_folder_and_setting(tmp_path):
     """benchmarks/pfedpm_relation.py on kept runs (relation.json, no checkpoint): head and
     relation accuracy per run, mean ± population std over each folder's seeds and their
-    difference paired by seed; a pFedPM run
-    with neither relation.json of its last round nor a checkpoint is one sentence, exit 2."""
+    difference paired by seed; a pFedPM run with neither relation.json of its last round nor a
+    checkpoint is one sentence, exit 2."""
     script = Path(__file__).parents[1] / "benchmarks" / "pfedpm_relation.py"
 
     def run(folder: str, label: str, head: float, rel: float, rel_round: int = 100) -> None:
