@@ -1,12 +1,23 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from pflkit.config import validate
+if os.environ.get("PFLKIT_MUTANT"):  # tests/mutations/mutate.py: test the mutated copy only
+    import pflkit
+
+    if not Path(pflkit.__file__).resolve().is_relative_to(Path(os.environ["PFLKIT_MUTANT"])):
+        raise pytest.UsageError(
+            f"PFLKIT_MUTANT is {os.environ['PFLKIT_MUTANT']} but pflkit was imported from "
+            f"{pflkit.__file__}: put the mutated copy first on PYTHONPATH"
+        )
+
+from pflkit.config import validate  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
