@@ -12,6 +12,7 @@ Grids and results: ``run_sweep(cfg, out)``, ``make_report(folder)`` (its ``.mark
 """
 
 from pflkit.config import ExperimentConfig, load_config
+from pflkit.data.export import export_partition
 from pflkit.engine import RunResult, Simulation, run_experiment
 from pflkit.engine.compare import run_compare, run_sweep
 from pflkit.errors import PflkitError
@@ -23,6 +24,7 @@ __all__ = [
     "PflkitError",
     "RunResult",
     "Simulation",
+    "export_partition",
     "load_config",
     "load_runs",
     "make_report",

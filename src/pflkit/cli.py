@@ -340,6 +340,70 @@ def partition(
     out_console.print(f"heatmap: {path}")
 
 
+@app.command(name="export")
+def export_(
+    config: ConfigArg = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="pfllib (PFLlib's dataset folder), flbench (FL-bench's data/<dataset> folder: "
+            "fashion_mnist and mnist) or npz (plain NumPy files and partition.json).",
+        ),
+    ] = "",
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Folder to write <name>/ into (created if missing)."),
+    ] = None,
+    set_: SetOpt = None,
+    imports: ImportOpt = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="Folder name (default: <dataset>-<partition id>-<format>; flbench: FL-bench's dataset "
+            "name, fmnist or mnist)."
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing <out>/<name> folder.")
+    ] = False,
+) -> None:
+    """Write the config's exact federated split (every client's samples, the partition's
+    indices) for PFLlib, FL-bench or any NumPy code (docs/guide.md, "Exporting a partition")."""
+    from pflkit.data.export import FLBENCH_DATASETS, export_partition
+
+    if config is None:
+        raise PflkitError(
+            "pflkit export needs a CONFIG file, e.g. pflkit export configs/quickstart.yaml "
+            "--format npz --out exports"
+        )
+    if not fmt:
+        raise PflkitError("pflkit export needs --format: pfllib, flbench or npz")
+    if out is None:
+        raise PflkitError("pflkit export needs --out DIR, the folder to write the export into")
+    cfg = load_config(config, set_ or [], imports)
+    folder = export_partition(cfg, fmt, out, name=name, force=force)
+    k, c = cfg.data.num_clients, folder.name
+    out_console.print(f"wrote {folder} ({fmt}, {k} clients)", highlight=False)
+    if fmt == "pfllib":
+        import json
+
+        classes = json.loads((folder / "config.json").read_text())["num_classes"]
+        hint = (
+            f"PFLlib: place it as PFLlib/dataset/{c}, then in PFLlib/system: "
+            f"python main.py -data {c} -nc {k} -ncl {classes} ..."
+        )
+    elif fmt == "flbench":
+        fl = FLBENCH_DATASETS[cfg.data.dataset][0]
+        hint = (
+            f"FL-bench: place it as FL-bench/data/{fl}, then: python main.py "
+            f"dataset.name={fl} ... (do not rerun generate_data.py for {fl})"
+        )
+    else:
+        hint = "layout: partition.json (docs/guide.md, 'Exporting a partition')"
+    out_console.print(hint, highlight=False)
+
+
 analyze = typer.Typer(
     no_args_is_help=True,
     help="Analyses of a config's federated setting (no training run).",
