@@ -218,3 +218,184 @@ def test_only_shared_parts_go_over_the_wire(tmp_path, algo, shared):
 def test_bad_parameters_are_one_sentence(bad, match):
     with pytest.raises(PflkitError, match=match):
         parse_params({"name": "gpfl", **bad})
+
+
+# -- client_update, aggregate and the evaluated model, by value (plain torch, float64) ------------
+#
+# A tiny federation: inputs of 2 numbers, body Linear(2, 3) + ReLU (K = 3), U = 3 classes, three
+# samples of classes (0, 0, 1) (alpha = (2/3, 1/3, 0): p differs from g), one full-batch step of
+# SGD. Every number the client starts from is set by hand below; the expected results come from
+# Eq. 4-11 written out with plain torch ops, and autograd of that hand loss.
+
+X3 = torch.tensor([[1.0, 0.5], [0.2, 1.0], [0.8, -0.3]])
+Y3 = torch.tensor([0, 0, 1])
+ALPHA3 = torch.tensor([2 / 3, 1 / 3, 0.0], dtype=torch.float64)
+
+
+def hand_start():
+    """(shared, head) of the tiny federation: fixed numbers (a seeded generator), the body's
+    bias positive so every feature is active."""
+    gen = torch.Generator().manual_seed(7)
+
+    def r(*shape, lo=-1.0, hi=1.0):
+        return lo + (hi - lo) * torch.rand(*shape, generator=gen)
+
+    shared = {"body.1.weight": r(3, 2), "body.1.bias": r(3, lo=0.5, hi=1.0)}
+    for route in ("gamma", "beta"):
+        shared[f"cov.{route}.linear.weight"] = r(3, 3)
+        shared[f"cov.{route}.linear.bias"] = r(3, lo=0.1, hi=0.6)
+        shared[f"cov.{route}.ln.weight"] = r(3, lo=0.5, hi=1.5)
+        shared[f"cov.{route}.ln.bias"] = r(3, lo=-0.3, hi=0.3)
+    shared[TABLE] = r(3, 3, lo=-1.5, hi=1.5)
+    head = {"head.weight": r(3, 3), "head.bias": r(3, lo=-0.2, hi=0.2)}
+    return shared, head
+
+
+def h_ln(u, w, b):
+    """LayerNorm over the last dimension by hand (biased variance, eps 1e-5)."""
+    mean = u.mean(-1, keepdim=True)
+    var = ((u - mean) ** 2).mean(-1, keepdim=True)
+    return (u - mean) / torch.sqrt(var + 1e-5) * w + b
+
+
+def h_route(t, f, z):
+    """CoV(f, z) = ReLU((gamma + 1) f + beta), gamma/beta = LN(ReLU(A z + a)) (Eq. 4)."""
+
+    def h(r):
+        u = torch.relu(t[f"cov.{r}.linear.weight"] @ z + t[f"cov.{r}.linear.bias"])
+        return h_ln(u, t[f"cov.{r}.ln.weight"], t[f"cov.{r}.ln.bias"])
+
+    return torch.relu((h("gamma") + 1) * f + h("beta"))
+
+
+def h_ce(logits, y):
+    """Mean softmax cross-entropy: log sum_c exp(z_c) - z_y."""
+    return (torch.logsumexp(logits, 1) - logits[torch.arange(len(y)), y]).mean()
+
+
+def h_features(t, x):
+    return torch.relu(x @ t["body.1.weight"].T + t["body.1.bias"])
+
+
+def hand_gpfl_step(shared, head, x, y, *, lam, mu, lr, mlg="mean_l2", reg="norm", cond=None):
+    """One full-batch SGD step of Eq. 11 by hand: (new shared, new head, loss at the start).
+    ``cond``: (g, p) to use (default: from the received table, Eq. 5 and 7 without 1/U)."""
+    t = {k: v.double().clone().requires_grad_() for k, v in {**shared, **head}.items()}
+    x = x.double()
+    c_hat = shared[TABLE].double()  # the frozen copy: a constant
+    g, p = cond if cond is not None else (c_hat.mean(0), ALPHA3 @ c_hat)
+    f = h_features(t, x)
+    f_p, f_g = h_route(t, f, p), h_route(t, f, g)  # personalized route, global route
+    loss_p = h_ce(f_p @ t["head.weight"].T + t["head.bias"], y)  # Eq. 10
+    c = t[TABLE]
+    cos = (f_g / f_g.norm(dim=1, keepdim=True)) @ (c / c.norm(dim=1, keepdim=True)).T
+    loss_alg = h_ce(cos, y)  # Eq. 8: against the trainable table
+    diff = f_g - c_hat[y]
+    loss_mlg = diff.norm(dim=1).mean() if mlg == "mean_l2" else torch.sqrt((diff**2).sum())
+    cov = [v for k, v in t.items() if k.startswith("cov.")]
+    if reg == "norm":  # Eq. 11: mu ||V||_2 + mu ||C||_2 (unsquared)
+        regs = mu * torch.sqrt(sum((v**2).sum() for v in cov)) + mu * torch.sqrt((c**2).sum())
+    else:  # SGD weight decay mu on V and C = the gradient of (mu / 2) ||.||^2
+        regs = 0.5 * mu * (sum((v**2).sum() for v in cov) + (c**2).sum())
+    loss = loss_p + loss_alg + lam * loss_mlg + regs
+    grads = dict(zip(t, torch.autograd.grad(loss, list(t.values())), strict=True))
+    new = {k: (v - lr * grads[k]).detach() for k, v in t.items()}
+    shown = loss if reg == "norm" else loss - regs  # weight decay is not part of the loss
+    return (
+        {k: new[k] for k in shared},
+        {k: new[k] for k in head},
+        shown.item(),
+    )
+
+
+def gpfl_client(**params):
+    algo, senv, env = one_client({"name": "gpfl", **params}, X3, Y3, 3, hidden=(3,))
+    shared, head = hand_start()
+    return algo, senv, env, shared, head
+
+
+def assert_close(got: dict, want: dict, atol=2e-6):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.allclose(got[k].double(), want[k].double(), atol=atol), k
+
+
+@pytest.mark.parametrize("lam, mu", [(0.7, 0.2), (0.01, 0.1)])  # hand values; the defaults
+def test_client_update_is_one_sgd_step_on_eq11_by_hand(lam, mu):
+    """client_update as a whole: L^P on the personalized route, L^alg against the trainable
+    table and lam L^mlg to the frozen table on the global route, mu ||V|| + mu ||C||; phi, V,
+    C uploaded, the head kept."""
+    algo, senv, env, shared, head = gpfl_client(lam=lam, mu=mu)
+    state = {**algo.client_init(env), "head": head}
+    upd = algo.client_update(env, {"shared": shared}, state, 1, "train")
+    want_shared, want_head, want_loss = hand_gpfl_step(shared, head, X3, Y3, lam=lam, mu=mu, lr=0.1)
+    assert_close(upd.upload["shared"], want_shared)
+    assert_close(upd.state["head"], want_head)
+    assert upd.upload["num_samples"] == 3
+    assert upd.metrics["train_loss"] == pytest.approx(want_loss, rel=1e-6)
+
+
+def test_client_update_with_the_authors_code_options_by_hand():
+    """mlg: batch_frobenius, regulariser: weight_decay, cond_source: local_previous (PFLlib's
+    clientgpfl.py): the first round's conditional inputs are zero vectors; the second round's
+    come from the client's own table of its first round, not from the received one."""
+    opts = {"mlg": "batch_frobenius", "regulariser": "weight_decay",
+            "cond_source": "local_previous", "lam": 0.7, "mu": 0.2}  # fmt: skip
+    algo, senv, env, shared, head = gpfl_client(**opts)
+    state = {**algo.client_init(env), "head": head}
+    zero = torch.zeros(3, dtype=torch.float64)
+    upd = algo.client_update(env, {"shared": shared}, state, 1, "train")
+    kw = {"lam": 0.7, "mu": 0.2, "lr": 0.1, "mlg": "batch_frobenius", "reg": "weight_decay"}
+    want_shared, want_head, want_loss = hand_gpfl_step(
+        shared, head, X3, Y3, cond=(zero, zero), **kw
+    )
+    assert_close(upd.upload["shared"], want_shared)
+    assert_close(upd.state["head"], want_head)
+    assert upd.metrics["train_loss"] == pytest.approx(want_loss, rel=1e-6)
+    # round 2 receives the round-1 start again; g and p come from the client's own table
+    own = upd.upload["shared"][TABLE].double()
+    upd2 = algo.client_update(env, {"shared": shared}, upd.state, 2, "train")
+    want2, _, _ = hand_gpfl_step(
+        shared, upd.state["head"], X3, Y3, cond=(own.mean(0), ALPHA3 @ own), **kw
+    )
+    assert_close(upd2.upload["shared"], want2)
+
+
+def test_aggregate_weights_phi_cov_and_gce_by_samples():
+    algo, senv, _, shared, _ = gpfl_client()
+    a = {k: torch.full_like(v, 1.0) for k, v in shared.items()}
+    b = {k: torch.full_like(v, 5.0) for k, v in shared.items()}
+    ups = {0: {"shared": a, "num_samples": 1}, 2: {"shared": b, "num_samples": 3}}
+    new = algo.aggregate(senv, {"shared": shared}, ups, 1, "train")["shared"]
+    assert_close(new, {k: torch.full_like(v, (1 * 1 + 3 * 5) / 4) for k, v in shared.items()})
+    algo_u, *_ = gpfl_client(weighting="uniform")
+    new_u = algo_u.aggregate(senv, {"shared": shared}, ups, 1, "train")["shared"]
+    assert_close(new_u, {k: torch.full_like(v, 3.0) for k, v in shared.items()})
+
+
+def test_the_evaluated_model_is_the_aggregate_with_the_own_head_and_p_by_hand():
+    """The scored model after a round: the latest aggregated phi and V, the client's own
+    (trained) head, p_i from the latest global table (Sec. 3.2); logits by hand."""
+    algo, senv, env, shared, head = gpfl_client(lam=0.7, mu=0.2)
+    state = {**algo.client_init(env), "head": head}
+    upd = algo.client_update(env, {"shared": shared}, state, 1, "train")
+    other = {k: v + 0.25 for k, v in shared.items()}  # another client's upload
+    ups = {0: upd.upload, 1: {"shared": other, "num_samples": 1}}
+    server = algo.aggregate(senv, {"shared": shared}, ups, 1, "train")
+    agg = {k: (3 * upd.upload["shared"][k] + other[k]) / 4 for k in shared}  # n = 3 and 1
+    view = algo.eval_view(senv, server, 0)
+    weights = algo.personal_weights(env, view, upd.state)
+    t = {k: v.double() for k, v in {**agg, **upd.state["head"]}.items()}
+    p = ALPHA3 @ t[TABLE]
+    f_p = h_route(t, h_features(t, X3.double()), p)
+    want = f_p @ t["head.weight"].T + t["head.bias"]
+    got = algo.scoring_model(env, weights)(X3)
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    # MAP's protocol scores the freshly trained model: the uploaded phi, V and table (p from
+    # that table) with the trained head
+    trained = algo.trained_weights(env, view, upd.upload, upd.state)
+    t2 = {k: v.double() for k, v in {**upd.upload["shared"], **upd.state["head"]}.items()}
+    f_p2 = h_route(t2, h_features(t2, X3.double()), ALPHA3 @ t2[TABLE])
+    want2 = f_p2 @ t2["head.weight"].T + t2["head.bias"]
+    got2 = algo.scoring_model(env, trained)(X3)
+    assert torch.allclose(got2.double(), want2, atol=1e-5)

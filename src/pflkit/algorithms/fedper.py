@@ -7,7 +7,9 @@ Shared: the base layers W_B (the model's ``body``). Private: the personalization
 - Client j receives W_B, loads it under its own W_P_j and runs E epochs of mini-batch SGD on
   both together (the paper's "W_B, W_P_j <- SGD(...)", one joint objective: cross-entropy).
 - Server: W_B <- sum_j (n_j / n) W_B_j over the participants (Alg. 1: weighted by local data).
-- Personalized model: the latest aggregated W_B with the client's own W_P_j.
+- Personalized model: the latest aggregated W_B with the client's own W_P_j; under MAP's
+  protocol (``eval.selected_clients``), the client's model right after local training: its
+  trained W_B_j with its W_P_j.
 
 :class:`SplitBody` is the shared-body / private-head plumbing that FedRep reuses.
 ``private_layers`` moves named layers of the body to the private side: ``[fc1]`` with
@@ -111,6 +113,11 @@ class SplitBody(Algorithm):
 
     def personal_weights(self, env: ClientEnv, view: Payload, state: State):
         return {**view["body"], **state["head"]}
+
+    def trained_weights(self, env, view, upload, state):
+        """MAP's protocol: the model right after local training, the body this client trained
+        (its upload) with its trained private part, not this round's aggregated body."""
+        return {**upload["body"], **state["head"]}
 
 
 @register

@@ -1,0 +1,80 @@
+"""FedRep by value: client_update as head epochs on h_i with phi frozen, then body epochs on phi
+with the new h_i frozen (Algorithm 1), computed by hand with plain torch ops; the upload, the
+kept head, the aggregation (sample-weighted; uniform: the paper's mean) and the scored model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from split_helpers import one_client
+from test_fedper import X, Y, assert_close, h_logits, hand_steps, split, start
+
+BODY = ["body.1.weight", "body.1.bias", "body.3.weight", "body.3.bias"]
+HEAD = ["head.weight", "head.bias"]
+
+
+@pytest.mark.parametrize(
+    "params, local_epochs, head_steps, body_steps",
+    [
+        ({"head_epochs": 2, "body_epochs": 1}, 1, 2, 1),
+        ({"head_epochs": 3}, 2, 3, 2),  # body_epochs None: train.local_epochs
+        ({"head_epochs": 1, "body_epochs": 3}, 1, 1, 3),
+    ],
+)
+def test_client_update_runs_head_epochs_then_body_epochs_by_hand(
+    params, local_epochs, head_steps, body_steps
+):
+    algo, senv, env = one_client(
+        {"name": "fedrep", **params}, X, Y, 3, hidden=(2, 2), local_epochs=local_epochs
+    )
+    body, head = split(start())
+    upd = algo.client_update(env, {"body": body}, {"head": head}, 1, "train")
+    after_head = hand_steps(start(), HEAD, steps=head_steps)  # phi frozen
+    want = hand_steps(after_head, BODY, steps=body_steps)  # the new h_i frozen
+    want_body, want_head = split(want)
+    assert_close(upd.upload["body"], want_body)
+    assert_close(upd.state["head"], want_head)
+    # the order matters here: body first, then head, gives other numbers
+    other = hand_steps(hand_steps(start(), BODY, steps=body_steps), HEAD, steps=head_steps)
+    assert not torch.allclose(other["body.1.weight"], want["body.1.weight"], atol=1e-4)
+
+
+def test_private_layers_train_in_the_head_epochs_by_hand():
+    """private_layers [3]: layer 3 moves into h_i, trained with the head in the head epochs and
+    frozen with it in the body epochs; layer 1 alone is uploaded."""
+    algo, senv, env = one_client(
+        {"name": "fedrep", "head_epochs": 2, "body_epochs": 1, "private_layers": ["3"]},
+        X, Y, 3, hidden=(2, 2),
+    )  # fmt: skip
+    body, private = split(start(), ["3"])
+    upd = algo.client_update(env, {"body": body}, {"head": private}, 1, "train")
+    after_head = hand_steps(start(), BODY[2:] + HEAD, steps=2)
+    want_body, want_private = split(hand_steps(after_head, BODY[:2], steps=1), ["3"])
+    assert_close(upd.upload["body"], want_body)
+    assert_close(upd.state["head"], want_private)
+
+
+def test_aggregate_is_sample_weighted_and_the_papers_mean_with_uniform():
+    body, _ = split(start())
+    ups = {
+        0: {"body": {k: torch.full_like(v, 1.0) for k, v in body.items()}, "num_samples": 3},
+        1: {"body": {k: torch.full_like(v, 3.0) for k, v in body.items()}, "num_samples": 1},
+    }
+    for weighting, value in [("samples", (3 * 1.0 + 3.0) / 4), ("uniform", 2.0)]:
+        algo, senv, _ = one_client(
+            {"name": "fedrep", "weighting": weighting}, X, Y, 3, hidden=(2, 2)
+        )
+        new = algo.aggregate(senv, {"body": body}, ups, 1, "train")["body"]
+        assert_close(new, {k: torch.full_like(v, value) for k, v in body.items()})
+
+
+def test_the_scored_model_is_the_latest_body_with_the_own_head_by_hand():
+    algo, senv, env = one_client({"name": "fedrep", "head_epochs": 2}, X, Y, 3, hidden=(2, 2))
+    body, head = split(start())
+    upd = algo.client_update(env, {"body": body}, {"head": head}, 1, "train")
+    server = algo.aggregate(senv, {"body": body}, {0: upd.upload}, 1, "train")
+    weights = algo.personal_weights(env, algo.eval_view(senv, server, 0), upd.state)
+    t = {k: v.double() for k, v in {**upd.upload["body"], **upd.state["head"]}.items()}
+    got = algo.scoring_model(env, weights)(X)
+    assert torch.allclose(got.double(), h_logits(t, X.double()), atol=1e-6)

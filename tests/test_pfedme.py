@@ -1,0 +1,113 @@
+"""pFedMe by value: client_update as R local steps, each K gradient steps on the inner problem
+f(theta; D) + (lam / 2) ||theta - w||^2 warm-started from the previous theta, then
+w <- w - eta lam (w - theta) (Algorithm 1), computed by hand with plain torch ops; the server's
+beta-mixing of the plain mean; the scored model (theta, not w)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from split_helpers import one_client
+
+# inputs of 2 numbers, 2 classes; softmax regression (mlp []: head only); full batch
+X = torch.tensor([[1.0, -0.5], [0.3, 0.8], [-0.6, 0.4]])
+Y = torch.tensor([0, 1, 1])
+LAM, K, PLR, LR = 2.0, 3, 0.2, 0.1
+
+
+def start():
+    return {
+        "head.weight": torch.tensor([[0.4, -0.2], [-0.3, 0.5]]),
+        "head.bias": torch.tensor([0.1, -0.1]),
+    }
+
+
+def h_loss(t):
+    z = X.double() @ t["head.weight"].T + t["head.bias"]
+    return (torch.logsumexp(z, 1) - z[torch.arange(len(Y)), Y]).mean()
+
+
+def hand_round(steps):
+    """(w, theta, mean loss) after ``steps`` local steps from start() (theta = w at the start)."""
+    w = {k: v.double() for k, v in start().items()}
+    theta = dict(w)
+    losses = []
+    for _ in range(steps):
+        for _ in range(K):  # inner GD on f(theta) + lam/2 ||theta - w||^2, from the last theta
+            t = {k: v.clone().requires_grad_() for k, v in theta.items()}
+            grads = torch.autograd.grad(h_loss(t), list(t.values()))
+            theta = {
+                k: theta[k] - PLR * (g + LAM * (theta[k] - w[k]))
+                for k, g in zip(theta, grads, strict=True)
+            }
+        pull = 0.5 * LAM * sum(((w[k] - theta[k]) ** 2).sum() for k in w)
+        losses.append((h_loss(theta) + pull).item())
+        w = {k: w[k] - LR * LAM * (w[k] - theta[k]) for k in w}  # w - eta lam (w - theta)
+    return w, theta, sum(losses) / len(losses)
+
+
+def pfedme(**params):
+    p = {"name": "pfedme", "lam": LAM, "inner_steps": K, "personal_lr": PLR, **params}
+    return one_client(p, X, Y, 2, lr=LR)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_client_update_by_hand(steps):
+    """R = ``local_steps`` full-batch steps (the same batch each time, so theta's warm start
+    shows): w uploaded, the last theta kept as the personalized model."""
+    algo, senv, env = pfedme(local_steps=steps)
+    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    want_w, want_theta, want_loss = hand_round(steps)
+    for k in want_w:
+        assert torch.allclose(upd.upload["weights"][k].double(), want_w[k], atol=1e-6), k
+        assert torch.allclose(upd.state["personal"][k].double(), want_theta[k], atol=1e-6), k
+    assert upd.metrics["train_loss"] == pytest.approx(want_loss, rel=1e-6)
+    assert upd.upload["num_samples"] == 3
+
+
+def test_local_steps_default_to_epochs_of_batches():
+    """No ``local_steps``: train.local_epochs (2) epochs of ceil(3 / 3) = 1 batch: R = 2."""
+    algo, senv, env = one_client(
+        {"name": "pfedme", "lam": LAM, "inner_steps": K, "personal_lr": PLR},
+        X, Y, 2, lr=LR, local_epochs=2,
+    )  # fmt: skip
+    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    want_w, want_theta, _ = hand_round(2)
+    for k in want_w:
+        assert torch.allclose(upd.upload["weights"][k].double(), want_w[k], atol=1e-6), k
+        assert torch.allclose(upd.state["personal"][k].double(), want_theta[k], atol=1e-6), k
+
+
+def test_aggregate_mixes_the_plain_mean_with_beta():
+    """w^{t+1} = (1 - beta) w^t + beta mean_S(w_i): the plain mean by default, whatever the
+    sample counts; by n_i with ``weighting: samples``."""
+    old = {k: torch.full_like(v, 1.0) for k, v in start().items()}
+    ups = {
+        0: {"weights": {k: torch.full_like(v, 2.0) for k, v in old.items()}, "num_samples": 1},
+        1: {"weights": {k: torch.full_like(v, 6.0) for k, v in old.items()}, "num_samples": 3},
+    }
+    cases = [({}, 4.0), ({"beta": 0.5}, 0.5 * 1.0 + 0.5 * 4.0),
+             ({"beta": 0.5, "weighting": "samples"}, 0.5 * 1.0 + 0.5 * 5.0)]  # fmt: skip
+    for params, value in cases:
+        algo, senv, _ = pfedme(**params)
+        new = algo.aggregate(senv, {"weights": old}, ups, 1, "train")["weights"]
+        for k, v in new.items():
+            assert torch.allclose(v, torch.full_like(v, value)), (params, k)
+
+
+def test_the_scored_model_is_theta_and_the_global_model_is_w():
+    algo, senv, env = pfedme(local_steps=2)
+    assert algo.personal_weights(env, {"weights": start()}, algo.client_init(env)) is None
+    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    server = algo.aggregate(senv, {"weights": start()}, {0: upd.upload}, 1, "train")
+    view = algo.eval_view(senv, server, 0)
+    got = algo.personal_weights(env, view, upd.state)
+    want_w, want_theta, _ = hand_round(2)
+    for k in want_theta:
+        assert torch.allclose(got[k].double(), want_theta[k], atol=1e-6), k
+        assert torch.allclose(view["weights"][k].double(), want_w[k], atol=1e-6), k
+    # the personalized model differs from w: the test tells them apart
+    assert not torch.allclose(want_theta["head.weight"], want_w["head.weight"], atol=1e-3)
+    trained = algo.trained_weights(env, view, upd.upload, upd.state)
+    assert all(torch.equal(trained[k], got[k]) for k in got)
