@@ -139,7 +139,10 @@ def test_fedfomo_weights_on_a_toy_case():
 
 def test_fedfomo_client_weights_from_validation_losses(tiny):
     sim = Simulation(
-        tiny(algorithm={"name": "fedfomo", "m": 2}, train={"rounds": 3, "client_fraction": 1.0})
+        tiny(
+            algorithm={"name": "fedfomo", "m": 2, "epsilon": 0.0},
+            train={"rounds": 3, "client_fraction": 1.0},
+        )
     )
     sim.run_round(1)
     rec = {}
@@ -152,10 +155,12 @@ def test_fedfomo_client_weights_from_validation_losses(tiny):
 
     sim.algo.client_update = spy
     # client 0 goes back to the untrained model, and one neighbour holds client 0's trained
-    # model: that neighbour has a lower validation loss, so its weight is positive
+    # model: that neighbour has a lower validation loss, so its weight is positive (client 1 has
+    # the highest affinity of client 0's candidates, so it is one of the two downloaded models)
     trained = sim.clients[0]["weights"]
     sim.clients[0]["weights"] = sim.server["init"]
     sim.server["models"] = {**sim.server["models"], 1: trained}
+    sim.server["P"][0, 1] = 1.0
     sim.run_round(2)
     from pflkit.algorithms.fedfomo import val_split
 
@@ -181,8 +186,9 @@ def test_fedfomo_client_weights_from_validation_losses(tiny):
     np.testing.assert_allclose(out.upload["w"].numpy(), want, rtol=1e-5, atol=1e-9)
     # the server adds the weights to the affinity row
     P = sim.server["P"]
+    assert 1 in payload["ids"].tolist()
     for j, wj in zip(payload["ids"].tolist(), want, strict=True):
-        assert float(P[0, j]) == pytest.approx(wj, rel=1e-5, abs=1e-9)
+        assert float(P[0, j]) == pytest.approx(wj + (j == 1), rel=1e-5, abs=1e-9)
 
 
 # -- f-FedAP ----------------------------------------------------------------------------------------
@@ -231,3 +237,225 @@ def test_fedap_warmup_is_fedbn_then_stats_are_uploaded_once():
     want = 0.5 * stored[0][k] + sum(0.5 * inv[j] / s * stored[j][k] for j in d)
     assert torch.allclose(payload["weights"][k], want, atol=1e-6)
     assert "body.bn1.running_mean" not in payload["weights"]
+
+
+# == by value on hand-made federations =============================================================
+# A tiny BatchNorm model (registered for the test only): Flatten -> Linear(d, 3) -> BatchNorm1d
+# -> ReLU, head Linear(3, C); its forward and one full-batch SGD step are written out below
+# with plain torch ops, so the expected values do not come from pflkit.
+BN = ["body.2.weight", "body.2.bias", "body.2.running_mean", "body.2.running_var"]
+BN_ALL = [*BN, "body.2.num_batches_tracked"]
+REST = ["body.1.weight", "body.1.bias", "head.weight", "head.bias"]
+
+
+def bn_mlp(input_shape, num_classes):
+    from pflkit.models import PFLModel
+
+    body = nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], 3), nn.BatchNorm1d(3), nn.ReLU())
+    return PFLModel(body, nn.Linear(3, num_classes), 3, name="bn_mlp", input_shape=input_shape)
+
+
+@pytest.fixture
+def bn_model(monkeypatch):
+    from pflkit.models import MODELS
+    from pflkit.models.base import ModelInfo
+
+    monkeypatch.setitem(MODELS, "bn_mlp", ModelInfo("bn_mlp", "test: MLP with BatchNorm", bn_mlp))
+
+
+def federation(algo: dict, clients, classes: int, model: str = "mlp", **train):
+    """(algorithm, server env, client envs) for clients whose train (and test) sets are the given
+    (x, y); model ``bn_mlp`` or softmax regression (``mlp`` without hidden layers); full-batch
+    SGD at lr 0.1 unless ``train`` says otherwise."""
+    from pflkit.algorithms import build_algorithm, make_envs
+    from pflkit.data.federated import ClientData, FederatedDataset
+
+    options = {"hidden": []} if model == "mlp" else {}
+    cfg = validate(
+        tiny_config(
+            algorithm=algo,
+            model={"name": model, "options": options},
+            train={"batch_size": 1000, "lr": 0.1, **train},
+        )
+    )
+    x0, y0 = clients[0]
+    data = FederatedDataset(
+        name="hand", clients=[ClientData(x, y, x, y) for x, y in clients], test_x=x0, test_y=y0,
+        num_classes=classes, input_shape=tuple(x0.shape[1:]), partition_id="hand",
+        train_indices=[np.arange(len(y)) for _, y in clients],
+        test_indices=[np.arange(len(y)) for _, y in clients],
+    )  # fmt: skip
+    senv, cenvs = make_envs(cfg, data)
+    return build_algorithm(cfg.algorithm), senv, cenvs
+
+
+X = torch.tensor([[1.0, 2.0], [-1.0, 0.5], [0.0, -1.0], [2.0, 1.0]])
+Y = torch.tensor([0, 1, 1, 0])
+
+
+def hand_weights(seed: int) -> dict:
+    """Non-BN weights of bn_mlp (d = 2, C = 2) drawn from a seeded generator."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {
+        "body.1.weight": (3, 2),
+        "body.1.bias": (3,),
+        "head.weight": (2, 3),
+        "head.bias": (2,),
+    }
+    return {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+
+
+OWN_BN = {
+    "body.2.weight": torch.tensor([2.0, 0.5, 1.0]),
+    "body.2.bias": torch.tensor([0.1, -0.2, 0.3]),
+    "body.2.running_mean": torch.tensor([1.0, 1.0, 1.0]),
+    "body.2.running_var": torch.tensor([2.0, 2.0, 2.0]),
+    "body.2.num_batches_tracked": torch.tensor(5),
+}
+
+
+def bn_sgd_step(w: dict, x, y, lr: float = 0.1) -> dict:
+    """One full-batch SGD step of bn_mlp in train mode, by hand: the parameters move by
+    -lr * grad(CE); the running statistics move 10% towards the batch mean and unbiased
+    variance of the BN input; the counter adds one."""
+    leaf = {k: w[k].clone().requires_grad_(True) for k in [*REST, "body.2.weight", "body.2.bias"]}
+    h = x @ leaf["body.1.weight"].T + leaf["body.1.bias"]
+    hn = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + 1e-5)
+    z = torch.relu(hn * leaf["body.2.weight"] + leaf["body.2.bias"])
+    loss = nn.functional.cross_entropy(z @ leaf["head.weight"].T + leaf["head.bias"], y)
+    grads = dict(zip(leaf, torch.autograd.grad(loss, list(leaf.values())), strict=True))
+    out = {k: w[k] - lr * grads[k] for k in leaf}
+    h = h.detach()
+    out["body.2.running_mean"] = 0.9 * w["body.2.running_mean"] + 0.1 * h.mean(0)
+    out["body.2.running_var"] = 0.9 * w["body.2.running_var"] + 0.1 * h.var(0, unbiased=True)
+    out["body.2.num_batches_tracked"] = w["body.2.num_batches_tracked"] + 1
+    return out
+
+
+def close(a: dict, b: dict, atol: float = 1e-6) -> bool:
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=atol) for k in a)
+
+
+def test_fedbn_client_trains_with_its_own_bn_and_uploads_the_rest(bn_model):
+    algo, senv, envs = federation({"name": "fedbn"}, [(X, Y)] * 2, 2, model="bn_mlp")
+    shared = hand_weights(0)
+    out = algo.client_update(envs[0], {"weights": shared}, {"bn": OWN_BN}, 1, "train")
+    want = bn_sgd_step({**shared, **OWN_BN}, X, Y)
+    assert close(out.upload["weights"], {k: want[k] for k in REST})  # non-BN only, trained
+    assert out.upload["num_samples"] == 4
+    assert close(out.state["bn"], {k: want[k] for k in BN_ALL})  # its own BN, trained
+    # the personalized model: the global non-BN weights with the client's own BN layers
+    view = algo.eval_view(senv, {"weights": shared}, 0)
+    assert close(algo.personal_weights(envs[0], view, out.state), {**shared, **out.state["bn"]})
+    assert algo.global_weights(senv, {"weights": shared}) is None  # no global model with BN
+
+
+def test_fedbn_server_averages_the_non_bn_weights_by_sample_count(bn_model):
+    algo, senv, _ = federation({"name": "fedbn"}, [(X, Y)] * 3, 2, model="bn_mlp")
+    server = algo.server_init(senv)
+    assert set(server["weights"]) == set(REST)
+    a, b = hand_weights(1), hand_weights(2)
+    uploads = {0: {"weights": a, "num_samples": 1}, 2: {"weights": b, "num_samples": 3}}
+    new = algo.aggregate(senv, server, uploads, 1, "train")
+    assert close(new["weights"], {k: (a[k] + 3 * b[k]) / 4 for k in REST})
+
+
+# -- f-FedAP ----------------------------------------------------------------------------------------
+def test_fedap_client_uploads_the_mean_and_variance_of_its_bn_inputs(bn_model):
+    algo, senv, envs = federation({"name": "fedap"}, [(X, Y)] * 2, 2, model="bn_mlp")
+    shared = hand_weights(3)
+    payload = {"weights": shared, "need_stats": True}
+    out = algo.client_update(envs[0], payload, {"bn": OWN_BN}, 3, "train")
+    h = (X @ shared["body.1.weight"].T + shared["body.1.bias"]).double()  # the BN layer's input
+    stats = out.upload["stats"]
+    assert len(stats["mean"]) == len(stats["var"]) == 1
+    assert torch.allclose(stats["mean"][0], h.mean(0), atol=1e-9)
+    assert torch.allclose(stats["var"][0], h.var(0, unbiased=False), atol=1e-9)
+    want = bn_sgd_step({**shared, **OWN_BN}, X, Y)  # then FedBN's local step
+    assert close(out.upload["weights"], {k: want[k] for k in REST})
+    assert close(out.state["bn"], {k: want[k] for k in BN_ALL})
+
+
+def fedap_server(algo, senv):
+    """Round 3 of 4 (T_g = 2): clients 0, 1, 2 have stored models (all entries 1, 2, 3) and
+    one-layer statistics; client 3 has neither (the warm-up model has all entries 10)."""
+    server = algo.server_init(senv)
+    fill = lambda v: {k: torch.full_like(t, v) for k, t in server["weights"].items()}  # noqa: E731
+    one = torch.ones(2, dtype=torch.float64)
+    stats = {
+        0: {"mean": [0 * one], "var": [one]},
+        1: {"mean": [torch.tensor([3.0, 4.0], dtype=torch.float64)], "var": [one]},
+        2: {"mean": [0 * one], "var": [torch.tensor([9.0, 1.0], dtype=torch.float64)]},
+    }
+    personal = {0: fill(1.0), 1: fill(2.0), 2: fill(3.0)}
+    return {**server, "weights": fill(10.0), "personal": personal, "stats": stats}
+
+
+def test_fedap_personalized_aggregation_by_hand(bn_model):
+    algo, senv, envs = federation(
+        {"name": "fedap", "momentum": 0.3}, [(X, Y)] * 4, 2, model="bn_mlp", rounds=4
+    )
+    server = fedap_server(algo, senv)
+    # d_01 = sqrt(|(0,0) - (3,4)|^2 + |(1,1) - (1,1)|^2) = 5 (sigma = sqrt(var))
+    # d_02 = sqrt(0 + |(1,1) - (3,1)|^2) = 2
+    # W_00 = 0.3; W_01 = 0.7 * (1/5) / (1/5 + 1/2) = 0.2; W_02 = 0.7 * (1/2) / (7/10) = 0.5
+    payload = algo.configure(senv, server, 0, 3, "train")
+    assert set(payload["weights"]) == set(REST)
+    for k, v in payload["weights"].items():
+        assert torch.allclose(v, torch.full_like(v, 0.3 * 1 + 0.2 * 2 + 0.5 * 3)), k
+    # client 3 has no statistics yet: its own (warm-up) model, and a request for statistics
+    payload3 = algo.configure(senv, server, 3, 3, "train")
+    assert payload3["need_stats"] and all(
+        torch.equal(v, server["weights"][k]) for k, v in payload3["weights"].items()
+    )
+    # the model scored: the client's stored (last trained) non-BN part with its own BN layers
+    view = algo.eval_view(senv, server, 1)
+    scored = algo.personal_weights(envs[1], view, {"bn": OWN_BN})
+    assert close(scored, {**server["personal"][1], **OWN_BN})
+    assert algo.global_weights(senv, server) is None
+
+
+# -- FedDyn -----------------------------------------------------------------------------------------
+def test_feddyn_aggregate_by_hand():
+    algo, senv, _ = federation({"name": "feddyn", "alpha": 0.1}, [(X, Y)] * 5, 2)
+    server = algo.server_init(senv)
+    fill = lambda v: {k: torch.full_like(t, v) for k, t in server["weights"].items()}  # noqa: E731
+    server = {**server, "weights": fill(1.0), "h": fill(0.5)}
+    uploads = {
+        0: {"weights": fill(2.0), "num_samples": 1},
+        3: {"weights": fill(4.0), "num_samples": 3},
+    }
+    new = algo.aggregate(senv, server, uploads, 2, "train")
+    # h = 0.5 - alpha (1/m) sum (theta_k - theta) = 0.5 - 0.1 * (1 + 3) / 5 = 0.42 (m = 5 clients)
+    # theta = mean(2, 4) - h / alpha = 3 - 4.2 = -1.2 (the plain mean over the round's clients)
+    assert close(new["h"], fill(0.42))
+    assert close(new["weights"], fill(-1.2), atol=1e-5)
+    assert algo.global_weights(senv, new) is new["weights"]  # the server model is scored
+    assert algo.personal_weights(None, algo.eval_view(senv, new, 0), {}) is None  # by everyone
+
+
+def test_feddyn_client_update_two_steps_by_hand():
+    algo, senv, envs = federation({"name": "feddyn", "alpha": 0.5}, [(X, Y)] * 2, 2, local_epochs=2)
+    g = torch.Generator().manual_seed(4)
+    theta = {
+        "head.weight": torch.randn(2, 2, generator=g),
+        "head.bias": torch.randn(2, generator=g),
+    }
+    grad = {k: torch.randn(v.shape, generator=g) for k, v in theta.items()}
+    out = algo.client_update(envs[0], {"weights": theta}, {"grad": grad}, 3, "train")
+
+    def task_loss(w):
+        return nn.functional.cross_entropy(X @ w["head.weight"].T + w["head.bias"], Y)
+
+    # two full-batch steps: theta_s+1 = theta_s - lr (grad L(theta_s) - g_k + alpha (theta_s - theta))
+    w, losses = dict(theta), []
+    for _ in range(2):
+        leaf = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+        loss = task_loss(leaf)
+        losses.append(float(loss.detach()))
+        gl = dict(zip(leaf, torch.autograd.grad(loss, list(leaf.values())), strict=True))
+        w = {k: w[k] - 0.1 * (gl[k] - grad[k] + 0.5 * (w[k] - theta[k])) for k in w}
+    assert close(out.upload["weights"], w)
+    # g_k <- g_k - alpha (theta_k - theta)
+    assert close(out.state["grad"], {k: grad[k] - 0.5 * (w[k] - theta[k]) for k in w})
+    assert out.metrics["train_loss"] == pytest.approx(np.mean(losses), rel=1e-6)  # task loss only

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -107,3 +108,76 @@ def test_round_one_is_plain_fedavg_and_the_generator_is_sent_afterwards():
     trained = {**server, "trained": True}
     assert set(algo.configure(senv, trained, 0, 2, "train")) == {"weights", "gen", "labels"}
     assert isinstance(algo, FedGen)
+
+
+def test_diversity_loss_squares_noise_and_takes_absolute_feature_distances():
+    z = torch.tensor([[0.0, 0.0], [2.0, 0.0]])  # mean squared noise distance (4 + 0) / 2 = 2
+    feat = torch.tensor([[0.0, 1.0], [3.0, -2.0]])  # mean absolute feature distance (3 + 3) / 2
+    # pairs (0,1) and (1,0): 2 * 3 = 6 each, (0,0) and (1,1): 0 -> mean over 4 pairs = 3
+    assert diversity_loss(z, feat).item() == pytest.approx(math.exp(-3.0))
+
+
+def hand_fedgen(**algo):
+    """(algorithm, server env, client envs): two clients, softmax regression on 2 features and
+    3 classes (the head reads the flattened input); the test labels differ from the train
+    labels."""
+    from pflkit.algorithms import build_algorithm, make_envs
+    from pflkit.data.federated import ClientData, FederatedDataset
+
+    cfg = validate(
+        tiny_config(
+            algorithm={"name": "fedgen", **algo},
+            model={"name": "mlp", "options": {"hidden": []}},
+            train={"batch_size": 1000, "lr": 0.1},
+        )
+    )
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    clients = [
+        ClientData(x, torch.tensor([0, 0, 2]), x, torch.tensor([1, 1, 1])),
+        ClientData(x[:2], torch.tensor([1, 1]), x[:2], torch.tensor([2, 2])),
+    ]
+    data = FederatedDataset(
+        name="hand", clients=clients, test_x=x, test_y=torch.tensor([0, 1, 2]), num_classes=3,
+        input_shape=(2,), partition_id="hand", train_indices=[np.arange(3), np.arange(2)],
+        test_indices=[np.arange(3), np.arange(2)],
+    )  # fmt: skip
+    senv, cenvs = make_envs(cfg, data)
+    return build_algorithm(cfg.algorithm), senv, cenvs
+
+
+def test_client_round_one_is_a_plain_sgd_step_and_uploads_its_train_label_counts():
+    algo, senv, envs = hand_fedgen()
+    server = algo.server_init(senv)
+    w = {
+        "head.weight": torch.tensor([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]]),
+        "head.bias": torch.zeros(3),
+    }
+    out = algo.client_update(envs[0], {"weights": w}, {}, 1, "train")
+    x, y = envs[0].data.train_x, torch.tensor([0, 0, 2])
+    leaf = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    loss = F.cross_entropy(x @ leaf["head.weight"].T + leaf["head.bias"], y)
+    grads = dict(zip(leaf, torch.autograd.grad(loss, list(leaf.values())), strict=True))
+    for k in w:
+        assert torch.allclose(out.upload["weights"][k], w[k] - 0.1 * grads[k], atol=1e-6), k
+    assert out.upload["label_counts"].tolist() == [2.0, 0.0, 1.0]  # of the training labels
+    assert out.upload["num_samples"] == 3
+    assert set(server) >= {"weights", "gen", "labels"}
+
+
+def test_server_averages_by_sample_count_and_remembers_the_labels_seen():
+    algo, senv, _ = hand_fedgen(gen_iters=0)  # no generator step: only the FedAvg part
+    server = {**algo.server_init(senv), "labels": torch.tensor([1])}  # label 1 seen before
+    fill = lambda v: {k: torch.full_like(t, v) for k, t in server["weights"].items()}  # noqa: E731
+    uploads = {
+        0: {"weights": fill(1.0), "num_samples": 1, "label_counts": torch.tensor([1.0, 0, 0])},
+        1: {"weights": fill(5.0), "num_samples": 3, "label_counts": torch.tensor([0.0, 0, 3])},
+    }
+    new = algo.aggregate(senv, server, uploads, 2, "train")
+    for k, v in new["weights"].items():
+        assert torch.equal(v, torch.full_like(v, (1 * 1 + 3 * 5) / 4)), k
+    assert new["labels"].tolist() == [0, 1, 2] and new["trained"]
+    assert all(torch.equal(new["gen"][k], server["gen"][k]) for k in server["gen"])
+    assert algo.global_weights(senv, new) is new["weights"]  # the global model is scored
+    assert algo.personal_weights(None, algo.eval_view(senv, new, 0), {}) is None  # by everyone
+    payload = algo.configure(senv, new, 0, 3, "train")
+    assert payload["labels"] is new["labels"] and payload["gen"] is new["gen"]

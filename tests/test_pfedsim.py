@@ -233,3 +233,120 @@ def test_heterogeneous_clients_are_refused_in_one_sentence(tiny):
     )
     with pytest.raises(PflkitError, match="every client needs the same architecture"):
         Simulation(cfg)
+
+
+# -- by value on a hand-made federation ------------------------------------------------------------
+def hand_pfedsim(n: int = 4, **algo):
+    """(algorithm, server env, client envs): ``n`` clients with two samples each, an MLP 2 -> 2
+    (ReLU) -> head 3 classes; T = 4 rounds, rho = 0.5: rounds 1-2 warm up, 3-4 personalize."""
+    from pflkit.algorithms import build_algorithm, make_envs
+    from pflkit.data.federated import ClientData, FederatedDataset
+
+    cfg = validate(
+        tiny_config(
+            algorithm={"name": "pfedsim", **algo},
+            model={"name": "mlp", "options": {"hidden": [2]}},
+            train={"rounds": 4, "batch_size": 1000, "lr": 0.1},
+        )
+    )
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 2])
+    data = FederatedDataset(
+        name="hand", clients=[ClientData(x, y, x, y)] * n, test_x=x, test_y=y, num_classes=3,
+        input_shape=(2,), partition_id="hand", train_indices=[np.arange(2)] * n,
+        test_indices=[np.arange(2)] * n,
+    )  # fmt: skip
+    senv, cenvs = make_envs(cfg, data)
+    return build_algorithm(cfg.algorithm), senv, cenvs
+
+
+def filled(server, v: float) -> dict:
+    return {k: torch.full_like(t, v) for k, t in server["weights"].items()}
+
+
+def test_warmup_averages_whole_models_by_training_set_size():
+    algo, senv, _ = hand_pfedsim()
+    server = algo.server_init(senv)
+    a, b = filled(server, 1.0), filled(server, 5.0)
+    uploads = {0: {"weights": a, "num_samples": 1}, 2: {"weights": b, "num_samples": 3}}
+    new = algo.aggregate(senv, server, uploads, 2, "train")  # round 2 <= T_g = 2
+    for k, v in new["weights"].items():  # (1 * 1 + 3 * 5) / 4, the classifier included
+        assert torch.equal(v, torch.full_like(v, 4.0)), k
+    assert new["personal"] == {} and not new["phi"].any()
+    assert algo.global_weights(senv, new) is new["weights"]  # scored during the warm-up
+
+
+def hand_phi(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Eq. 3 written out: per class row c, cos_c = <a_c, b_c> / (|a_c| |b_c| + 1e-8), clipped at
+    0; then the mean over classes of -log(1 - cos_c)."""
+    vals = []
+    for ac, bc in zip(a.double(), b.double(), strict=True):
+        cos = float(ac @ bc) / (float(ac.norm()) * float(bc.norm()) + 1e-8)
+        vals.append(-math.log(1 - max(cos, 0.0)))
+    return sum(vals) / len(vals)
+
+
+HEADS = {  # class rows of three clients' classifiers (3 classes x 2 features)
+    0: torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]),
+    1: torch.tensor([[1.0, 1.0], [0.0, -1.0], [2.0, 0.5]]),
+    3: torch.tensor([[3.0, 1.0], [1.0, 2.0], [-1.0, 0.0]]),
+}
+
+
+def test_personalization_round_stores_models_and_updates_phi_by_hand():
+    algo, senv, _ = hand_pfedsim()
+    server = algo.server_init(senv)
+    server["phi"][0, 2] = server["phi"][2, 0] = 0.7  # a pair from an earlier round
+    uploads = {}
+    for cid, head in HEADS.items():
+        w = filled(server, float(cid))
+        w["head.weight"] = head
+        uploads[cid] = {"weights": w, "num_samples": 2}
+    new = algo.aggregate(senv, server, uploads, 3, "train")
+    assert {c: new["personal"][c] for c in HEADS} == {c: u["weights"] for c, u in uploads.items()}
+    phi = new["phi"]
+    want = torch.zeros(4, 4, dtype=torch.float64)
+    want[0, 2] = want[2, 0] = 0.7  # not co-sampled this round: unchanged
+    for i in HEADS:
+        for j in HEADS:
+            if i != j:
+                want[i, j] = hand_phi(HEADS[i], HEADS[j])
+    assert torch.allclose(phi, want, atol=1e-9), (phi, want)
+    assert want[0, 3] > 0 and want[1, 3] > 0  # a negative cosine among them, clipped
+
+
+def test_personalized_download_mixes_extractors_and_keeps_own_classifier():
+    algo, senv, _ = hand_pfedsim()
+    server = algo.server_init(senv)
+    server = {
+        **server,
+        "weights": filled(server, 10.0),  # the warm-up model; client 3 not stored since
+        "personal": {0: filled(server, 1.0), 1: filled(server, 2.0), 2: filled(server, 3.0)},
+    }
+    server["phi"][0, 1] = server["phi"][1, 0] = 2.0
+    server["phi"][0, 3] = server["phi"][3, 0] = 0.5
+    payload = algo.configure(senv, server, 0, 3, "train")["weights"]
+    # Eq. 4 with Phi_00 = 1: (1 * 1 + 2 * 2 + 0 * 3 + 0.5 * 10) / (1 + 2 + 0.5) = 10 / 3.5
+    assert set(payload) == set(server["weights"])
+    for k, v in payload.items():
+        want = 1.0 if k.startswith("head.") else 10 / 3.5
+        assert torch.allclose(v, torch.full_like(v, want)), k
+    # the code's self weight: Phi_00 = -log(1 - 0.9999)
+    algo_code, _, _ = hand_pfedsim(self_weight="code")
+    s = -math.log(1e-4)
+    payload = algo_code.configure(senv, server, 0, 3, "train")["weights"]
+    v = payload["body.1.weight"]
+    assert torch.allclose(v, torch.full_like(v, (s * 1 + 4 + 5) / (s + 2.5)))
+    # during the warm-up, the global model
+    warm = algo.configure(senv, server, 0, 2, "train")["weights"]
+    assert all(torch.equal(warm[k], server["weights"][k]) for k in warm)
+
+
+def test_the_model_scored_is_the_clients_stored_model():
+    algo, senv, envs = hand_pfedsim()
+    server = algo.server_init(senv)
+    server = {**server, "weights": filled(server, 10.0), "personal": {1: filled(server, 2.0)}}
+    server["round"] = 3
+    for cid, want in ((1, 2.0), (2, 10.0)):  # client 2: not trained since the warm-up
+        scored = algo.personal_weights(envs[cid], algo.eval_view(senv, server, cid), {})
+        assert all(torch.equal(v, torch.full_like(v, want)) for v in scored.values()), cid
+    assert algo.global_weights(senv, server) is None  # no global model after the warm-up

@@ -4,8 +4,9 @@ Order Model Optimization", ICLR 2021 (Algorithm 1, Eq. 5-7).
 Shared: per round, the server sends each selected client M other clients' latest models; the
 client uploads its trained model and its weight vector. Private: the client's own model
 theta_i (client state ``weights``) and its validation split (a fixed ``val_fraction`` of its
-training data; it trains on the rest). Server state: every client's last uploaded model and
-the affinity matrix P (n x n, zeros at first).
+training data; it trains on the rest). Server state: every client's last uploaded model, the
+ids of the clients whose models arrived in the last round, and the affinity matrix P (n x n,
+zeros at first).
 
 Client i, with the downloaded models theta_n (n in the round's M neighbours)::
 
@@ -18,16 +19,29 @@ parameters. If no weight is positive the client keeps theta_i^{t-1}. It then tra
 epochs from theta_i^t and uploads the result with the weights; the server stores the model and
 adds the weights to its affinity row, P_in <- P_in + w_n.
 
-Neighbour choice (paper §3.2): epsilon-greedy on row i of P: with probability epsilon, M
-clients at random, otherwise the M with the highest affinity (ties: lower id). Candidates are
-the clients whose model the server has received (in round 1 there are none and the client just
-trains); epsilon decays linearly per round to 0.
+Neighbour choice: epsilon-greedy on row i of P (paper); the details follow the authors' code
+(NVlabs/FedFomo, ``client.py`` ``Client.get_federating_clients``, ``server.py``, ``main.py``):
+
+- Candidates: the clients whose models the server received in the previous round, client i
+  excluded (``server.py``: "Uploaded client models at t-1 can be downloaded by clients at t";
+  FL-bench ``src/server/fedfomo.py`` also takes the top-M among the previous round's clients).
+  With at most M candidates the client gets all of them; in round 1 there are none and the
+  client just trains.
+- Ranking: by P_i., highest first, ties broken by a seeded random draw (the authors' code
+  sorts with random tie-breaking), so no client is favoured by its id.
+- Each of the M slots is filled, with probability epsilon, by the next client of a seeded
+  random permutation of the candidates, otherwise by the next client of the ranking (clients
+  already chosen are skipped).
+- epsilon decays linearly per round to 0: round r uses epsilon - (r - 1) * decay (the authors'
+  code: 0.3 - 0.05 * epoch, its epoch 0 being the local-only first round).
 
 Defaults: M = 5 and val_fraction = 0.2 (pFedSim App. A.5); epsilon = 0.3 decaying by 0.05 per
-round (the FedFomo authors' code defaults as we read them; the paper only names
-epsilon-greedy, so these two are uncertain). Deviations: a client's first theta_i^{t-1} is the
-shared initial model, sent with its first download (counted); FedFomo has no global model, so
-``global_acc`` is not reported.
+round (the authors' code, ``federated/configs.py`` CLIENT_WEIGHT.EPSILON and EPSILON_DECAY;
+the paper only names epsilon-greedy). Deviations: a client's first theta_i^{t-1} is the shared
+initial model, sent with its first download (counted); FedFomo has no global model, so
+``global_acc`` is not reported; P accumulates the clipped, normalised w_n of Eq. 6 (the
+authors' code adds the signed Eq. 5 values divided by the absolute value of their sum,
+FL-bench and PFLlib the raw Eq. 5 values).
 """
 
 from __future__ import annotations
@@ -106,29 +120,37 @@ class FedFomo(Algorithm):
     class Params(Algorithm.Params):
         m: int = param(5, "pFedSim App. A.5 (M)", ge=1)
         val_fraction: float = param(0.2, "pFedSim App. A.5", ge=0, lt=1)
-        epsilon: float = param(0.3, "FedFomo code (paper: epsilon-greedy; uncertain)", ge=0, le=1)
-        epsilon_decay: float = param(0.05, "FedFomo code (per round; uncertain)", ge=0)
+        epsilon: float = param(0.3, "FedFomo code (configs.py EPSILON)", ge=0, le=1)
+        epsilon_decay: float = param(0.05, "FedFomo code (configs.py EPSILON_DECAY)", ge=0)
 
     def server_init(self, env: ServerEnv) -> State:
         n = env.num_clients
         return {
             "init": env.init_weights(),
             "models": {},
+            "recent": [],  # the clients whose models arrived in the last round (candidates)
             "P": torch.zeros(n, n, dtype=torch.float64, device=env.device),
         }
 
     def neighbours(self, env: ServerEnv, server: State, cid: int, rnd: int) -> list[int]:
+        """The M clients whose models ``cid`` downloads in round ``rnd`` (module docstring)."""
         p = self.params
-        avail = sorted(j for j in server["models"] if j != cid)
+        recent = server.get("recent", sorted(server["models"]))  # (checkpoints before "recent")
+        avail = [j for j in recent if j != cid]
         if len(avail) <= p.m:
             return avail
         rng = np.random.default_rng([env.run.seed, rnd, cid, 0xF0])
         eps = max(p.epsilon - p.epsilon_decay * (rnd - 1), 0.0)
-        if rng.random() < eps:
-            return sorted(int(j) for j in rng.choice(avail, p.m, replace=False))
         aff = server["P"][cid, avail].cpu().numpy()
-        order = np.argsort(-aff, kind="stable")[: p.m]
-        return sorted(avail[i] for i in order)
+        top = list(np.lexsort((rng.random(len(avail)), -aff)))  # highest first, random ties
+        shuffled = list(rng.permutation(len(avail)))
+        chosen: list[int] = []
+        for _ in range(p.m):
+            pool = shuffled if rng.random() < eps else top
+            while (i := int(pool.pop(0))) in chosen:
+                pass
+            chosen.append(i)
+        return sorted(avail[i] for i in chosen)
 
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         ids = self.neighbours(env, server, cid, rnd)
@@ -165,7 +187,7 @@ class FedFomo(Algorithm):
             models[cid] = up["weights"]
             if len(up["ids"]):
                 P[cid, up["ids"]] += up["w"]
-        return {**server, "models": models, "P": P}
+        return {**server, "models": models, "recent": sorted(uploads), "P": P}
 
     def global_weights(self, env: ServerEnv, server: State):
         return None
