@@ -1,0 +1,146 @@
+"""The cross-check cases: one per (algorithm, reference library), with the reference's
+command-line arguments and the pflkit options that reproduce the reference's code.
+
+The shared settings (data, model, rounds, clients per round, batch size, lr, local epochs,
+evaluation every round) come from the config and are passed to both sides by
+``crosscheck.py``; a case adds only the algorithm's own settings, each with its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str  # the row name, e.g. "fedrep"
+    library: str  # "pfllib" or "flbench"
+    ref_name: str  # the reference's algorithm name (PFLlib -algo, FL-bench method)
+    ref_args: tuple[str, ...]  # the reference's algorithm arguments
+    pflkit: dict = field(default_factory=dict)  # pflkit's algorithm section
+    note: str = ""  # where each setting comes from
+    settings: dict = field(default_factory=dict)  # other pflkit config sections, e.g. train
+
+
+_PFLLIB = "PFLlib main.py"
+_FLB = "FL-bench config/defaults.yaml and get_hyperparams"
+CASES: dict[str, Case] = {
+    c.key: c
+    for c in [
+        Case("fedavg", "pfllib", "FedAvg", (), {"name": "fedavg"}, f"{_PFLLIB} defaults."),
+        Case(
+            "fedprox",
+            "pfllib",
+            "FedProx",
+            ("-mu", "0.01"),
+            {"name": "fedprox", "mu": 0.01},
+            "mu 0.01 on both sides (pflkit's default, FedProx's grid; PFLlib's -mu default is 0).",
+        ),
+        Case("fedper", "pfllib", "FedPer", (), {"name": "fedper"}, f"{_PFLLIB} defaults."),
+        Case(
+            "fedrep",
+            "pfllib",
+            "FedRep",
+            ("-pls", "1"),
+            {"name": "fedrep", "head_epochs": 1},
+            "One head epoch a round: PFLlib's -pls default (main.py), not pflkit's 10.",
+        ),
+        Case("fedrod", "pfllib", "FedROD", (), {"name": "fedrod"}, f"{_PFLLIB} defaults."),
+        Case(
+            "ditto",
+            "pfllib",
+            "Ditto",
+            ("-mu", "0.1", "-pls", "1"),
+            {"name": "ditto", "lam": 0.1, "personal_epochs": 1, "weighting": "samples"},
+            "lambda 0.1 (pflkit's default; PFLlib's -mu), one personal epoch (PFLlib's -pls "
+            "default); PFLlib weights every upload by training samples.",
+        ),
+        Case(
+            "gpfl",
+            "pfllib",
+            "GPFL",
+            ("-lam", "0.01", "-mu", "0.1"),
+            {
+                "name": "gpfl",
+                "lam": 0.01,
+                "mu": 0.1,
+                "mlg": "batch_frobenius",
+                "regulariser": "weight_decay",
+                "cond_source": "local_previous",
+            },
+            "The authors' code forms (L_mlg as a batch Frobenius norm, mu as weight decay, the "
+            "condition from the local previous round) with run_me.sh's lambda 0.01, mu 0.1.",
+        ),
+        # FL-bench (pFedSim's Table 3 ran its baselines there): config fmnist_dir01_xc.yaml
+        Case("fedavg-flbench", "flbench", "fedavg", (), {"name": "fedavg"}, f"{_FLB} defaults."),
+        Case("fedper-flbench", "flbench", "fedper", (), {"name": "fedper"}, f"{_FLB} defaults."),
+        Case(
+            "fedrep-flbench",
+            "flbench",
+            "fedrep",
+            (),
+            {"name": "fedrep", "head_epochs": 4, "body_epochs": 1},
+            "FL-bench's FedRep trains the head for local_epoch - train_body_epoch = 4 epochs, then "
+            "the body for 1 (src/client/fedrep.py; train_body_epoch default 1).",
+        ),
+        Case("fedbn", "flbench", "fedbn", (), {"name": "fedbn"}, f"{_FLB} defaults."),
+        Case(
+            "pfedsim",
+            "flbench",
+            "pfedsim",
+            ("pfedsim.warmup_round=0.5",),
+            {
+                "name": "pfedsim",
+                "warmup_ratio": 0.5,
+                "sim_reduce": "mean_then_log",
+                "self_weight": "code",
+                "bn_stats": "aggregate",
+            },
+            "pFedSim's code options: self-similarity 0.9999 before -log(1 - w) "
+            "(src/server/pfedsim.py), the similarity averaged over the classes before the "
+            "transform; BN statistics aggregated as FL-bench HEAD does; warm-up half the rounds.",
+        ),
+        Case(
+            "fedfomo",
+            "flbench",
+            "fedfomo",
+            (),
+            {"name": "fedfomo", "m": 5, "val_fraction": 0.2, "epsilon": 0.0},
+            "M 5, validation 20% (src/server/fedfomo.py get_hyperparams); FL-bench has no "
+            "epsilon-greedy exploration, hence epsilon 0. Known differences: FL-bench may pick "
+            "the client itself among its M, floors the validation size, adds 1e-5 to the "
+            "distance and accumulates the raw Eq. 5 weights.",
+        ),
+        Case(
+            "fedap",
+            "flbench",
+            "fedap",
+            ("+fedap.version=f",),
+            {"name": "fedap", "warmup_ratio": 0.5, "momentum": 0.5},
+            "f-FedAP (--version f), warm-up 0.5, model momentum 0.5 (src/server/fedap.py). Known "
+            "differences: FL-bench's warm-up trains 1 epoch and it takes BN statistics per batch "
+            "from every client after the warm-up.",
+        ),
+        Case(
+            "fedgen",
+            "flbench",
+            "fedgen",
+            (),
+            {"name": "fedgen", "eta": 0.0},
+            "FL-bench's ensemble_eta 0 (src/server/fedgen.py); the other FedGen defaults agree. "
+            "Known difference: FL-bench draws the teacher labels from the client's own labels, "
+            "pflkit from the server's label set.",
+        ),
+        Case(
+            "feddyn",
+            "flbench",
+            "feddyn",
+            (),
+            {"name": "feddyn", "alpha": 0.1, "weighting": "samples"},
+            "alpha 0.1 and gradient clipping at 10 (src/server/feddyn.py, src/client/feddyn.py; "
+            "pflkit clips before adding FedDyn's terms, FL-bench after). Known difference: "
+            "FL-bench's client loss has the linear term only (no alpha/2 ||theta||^2 part).",
+            {"train": {"grad_clip": 10.0}},
+        ),
+    ]
+}

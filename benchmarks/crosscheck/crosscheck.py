@@ -1,0 +1,446 @@
+"""Cross-check pflkit against the authors' reference code on identical data (issue 35).
+
+For each algorithm the harness
+
+1. exports the config's partition (``pflkit export``) in the reference library's layout,
+2. runs the reference implementation through its own entry point, with the hyper-parameters of
+   :mod:`cases` (the same data, model, rounds, batch size, lr, local epochs and evaluation
+   schedule as the pflkit config), and parses its per-round accuracy,
+3. runs ``pflkit compare`` on the same config with the algorithm's authors'-code options,
+4. prints one table per algorithm: both curves at every evaluated round, the final-round and
+   last-10-round means over the seeds, their difference and whether it is inside seed noise.
+
+Both sides report the **pooled** accuracy over every client's local test split (correct
+predictions summed over clients / test samples summed over clients): PFLlib's "Averaged Test
+Accuracy" is that number, and pflkit's ``pers_acc_weighted`` is the same pooling. Rounds are
+counted alike: PFLlib's "Round number: i" is evaluated after i aggregations, pflkit's round i
+after i rounds of training.
+
+Seeds: PFLlib seeds torch once per process (``torch.manual_seed(0)`` in main.py) and runs
+``-t`` repetitions one after the other, so its three "seeds" are its repetitions 0, 1, 2 of one
+process; pflkit runs seeds 0, 1, 2. The two sides' seeds are therefore not paired; the verdict
+compares the two means with the seeds' spread (``verdict``).
+
+    python benchmarks/crosscheck/crosscheck.py --pfllib ~/refs/PFLlib \
+        --python ~/refenv/bin/python --algorithms fedavg,fedrep --out runs/xc
+
+The reference checkouts are never copied into pflkit: the harness copies the reference's code
+into ``--out`` (the reference writes its results beside its code) and runs it from there.
+``--python`` is an interpreter with the reference's own dependencies (torchvision, h5py, ...);
+pflkit's environment does not need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cases import CASES, Case  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+# each library's config: the setting of the seed paper whose table came from that library
+CONFIGS = {"pfllib": HERE / "fmnist_practical_xc.yaml", "flbench": HERE / "fmnist_dir01_xc.yaml"}
+
+
+class Usage(Exception):
+    """A bad argument: one sentence, exit code 2."""
+
+
+# ---------------------------------------------------------------- reference: PFLlib
+
+
+def pfllib_command(case: Case, cfg: dict, name: str, seeds: int) -> list[str]:
+    """PFLlib's main.py arguments for ``case`` on the exported dataset ``name``."""
+    tr, data = cfg["train"], cfg["data"]
+    if cfg["model"]["name"] != "cnn4" or data["dataset"] not in ("fashion_mnist", "mnist"):
+        raise Usage(
+            "the PFLlib cross-check runs model cnn4 (PFLlib's FedAvgCNN) on fashion_mnist or mnist"
+        )
+    return [
+        "main.py",
+        *("-data", name, "-m", "CNN", "-algo", case.ref_name, "-dev", "cpu"),
+        *("-nc", str(data["num_clients"]), "-ncl", "10", "-jr", str(tr["client_fraction"])),
+        *("-lbs", str(tr["batch_size"]), "-lr", str(tr["lr"]), "-ls", str(tr["local_epochs"])),
+        *("-gr", str(tr["rounds"]), "-eg", "1", "-t", str(seeds)),
+        *case.ref_args,
+    ]
+
+
+_ROUND = re.compile(r"-+Round number: (\d+)-+")
+_REPEAT = re.compile(r"Running time: (\d+)th")
+_ACC = re.compile(r"Averaged Test Accuracy: ([0-9.]+)")
+
+
+def parse_pfllib(text: str) -> list[dict[int, float]]:
+    """Per repetition, {round: pooled test accuracy}. Where a round prints several accuracies
+    (Ditto: the global model, then the personalized ones) the last one printed counts: every
+    PFLlib server that evaluates twice evaluates the personalized models last."""
+    runs: list[dict[int, float]] = []
+    rnd = None
+    for line in text.splitlines():
+        if m := _REPEAT.search(line):
+            runs.append({})
+            rnd = None
+        elif m := _ROUND.search(line):
+            rnd = int(m.group(1))
+        elif (m := _ACC.search(line)) and rnd is not None and runs:
+            runs[-1][rnd] = float(m.group(1))
+    return runs
+
+
+def run_pfllib(
+    case: Case, cfg_path: Path, cfg: dict, ref: Path, python: str, out: Path, seeds: int
+):
+    """(curves per repetition, seconds) of PFLlib's ``case`` on ``cfg``'s exported partition."""
+    work = out / "pfllib"
+    if not (work / "system").is_dir():
+        if not (ref / "system" / "main.py").is_file():
+            raise Usage(f"--pfllib {ref} has no system/main.py: give a PFLlib checkout")
+        shutil.copytree(
+            ref / "system", work / "system", ignore=shutil.ignore_patterns("__pycache__")
+        )
+    name = f"{'FMNIST' if cfg['data']['dataset'] == 'fashion_mnist' else 'MNIST'}-{data_key(cfg)}"
+    if not (work / "dataset" / name).is_dir():
+        export(cfg_path, "pfllib", work / "dataset", name)
+    log = out / f"{case.key}-pfllib.log"
+    cmd = [python, "-u", *pfllib_command(case, cfg, name, seeds)]
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        r = subprocess.run(
+            cmd, cwd=work / "system", stdout=f, stderr=subprocess.STDOUT, env=_one_thread()
+        )
+    seconds = time.perf_counter() - t0
+    curves = parse_pfllib(log.read_text())
+    if r.returncode or len(curves) != seeds:
+        raise RuntimeError(f"PFLlib {case.ref_name} failed (exit {r.returncode}); see {log}")
+    return curves, seconds
+
+
+# ---------------------------------------------------------------- reference: FL-bench
+
+FLBENCH_MODELS = {"cnn4": "avgcnn", "lenet5_bn": "lenet5"}
+
+
+def flbench_command(case: Case, cfg: dict, seed: int) -> list[str]:
+    """FL-bench's main.py overrides for ``case`` with training seed ``seed``."""
+    tr, data, model = cfg["train"], cfg["data"], cfg["model"]
+    if model["name"] not in FLBENCH_MODELS or data["dataset"] not in ("fashion_mnist", "mnist"):
+        raise Usage(
+            "the FL-bench cross-check runs model cnn4 (FL-bench's avgcnn) or lenet5_bn (its "
+            "lenet5) on fashion_mnist or mnist"
+        )
+    if model["name"] == "lenet5_bn" and not model.get("options", {}).get("fc_relu"):
+        raise Usage("FL-bench's lenet5 has a ReLU after FC(84): set model.options.fc_relu: true")
+    name = "fmnist" if data["dataset"] == "fashion_mnist" else "mnist"
+    return [
+        "main.py",
+        f"method={case.ref_name}",
+        f"dataset.name={name}",
+        f"model.name={FLBENCH_MODELS[model['name']]}",
+        f"common.seed={seed}",
+        f"common.join_ratio={tr['client_fraction']}",
+        f"common.global_epoch={tr['rounds']}",
+        f"common.local_epoch={tr['local_epochs']}",
+        f"common.batch_size={tr['batch_size']}",
+        f"optimizer.lr={tr['lr']}",
+        "common.test.client.interval=1",
+        "common.client_side_evaluation=false",
+        "common.use_cuda=false",
+        "mode=serial",
+        "common.save_learning_curve_plot=false",
+        "common.save_metrics=false",
+        "common.verbose_gap=100000",
+        *case.ref_args,
+    ]
+
+
+_EPOCH = re.compile(r'^\s*"(\d+)": \{')
+_FLB_ACC = re.compile(r'"accuracy": "([0-9.]+)% ->')
+
+
+def parse_flbench(text: str) -> dict[int, float]:
+    """{round: pooled test accuracy of every client's model before local training} from
+    FL-bench's main.log (its closing JSON of test results; accuracies printed in %)."""
+    curve: dict[int, float] = {}
+    epoch = None
+    for line in text.splitlines():
+        if m := _EPOCH.match(line):
+            epoch = int(m.group(1))
+        elif (m := _FLB_ACC.search(line)) and epoch is not None:
+            curve[epoch] = float(m.group(1)) / 100
+    return curve
+
+
+def run_flbench(
+    case: Case, cfg_path: Path, cfg: dict, ref: Path, python: str, out: Path, seeds: int
+):
+    """(curves per seed, seconds) of FL-bench's ``case``, one process per seed."""
+    code = out / f"flbench-{data_key(cfg)}"  # FL-bench finds a dataset by its name only
+    if not code.is_dir():
+        if not (ref / "main.py").is_file() or not (ref / "src" / "server").is_dir():
+            raise Usage(f"--flbench {ref} has no main.py and src/server: give an FL-bench checkout")
+        shutil.copytree(ref, code, ignore=shutil.ignore_patterns(".git", "__pycache__", "out"))
+    name = "fmnist" if cfg["data"]["dataset"] == "fashion_mnist" else "mnist"
+    if not (code / "data" / name / "partition.pkl").is_file():
+        shutil.rmtree(code / "data" / name, ignore_errors=True)
+        export(cfg_path, "flbench", code / "data", name)
+    curves, seconds = [], 0.0
+    for seed in range(seeds):
+        log = out / f"{case.key}-flbench-s{seed}.log"
+        cmd = [python, *flbench_command(case, cfg, seed)]
+        t0 = time.perf_counter()
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            r = subprocess.run(cmd, cwd=code, stdout=f, stderr=subprocess.STDOUT, env=_one_thread())
+        seconds += time.perf_counter() - t0
+        # FL-bench's main.py fixes its run folder: out/<method>/<dataset>/<start time>/
+        logs = sorted((code / "out" / case.ref_name).glob("*/*/main.log"), key=os.path.getmtime)
+        curve = parse_flbench(logs[-1].read_text()) if logs else {}
+        if r.returncode or len(curve) != cfg["train"]["rounds"]:
+            raise RuntimeError(
+                f"FL-bench {case.ref_name} seed {seed} failed (exit {r.returncode}); see {log}"
+            )
+        curves.append(curve)
+    return curves, seconds
+
+
+# ---------------------------------------------------------------- pflkit
+
+
+def data_key(cfg: dict) -> str:
+    """A short digest of the config's data section: one export per distinct partition."""
+    return hashlib.sha256(json.dumps(cfg["data"], sort_keys=True).encode()).hexdigest()[:8]
+
+
+def export(cfg_path: Path, fmt: str, out: Path, name: str) -> None:
+    cmd = [sys.executable, "-m", "pflkit", "export", str(cfg_path), "--format", fmt]
+    subprocess.run([*cmd, "--out", str(out), "--name", name], check=True)
+
+
+def run_pflkit(case: Case, cfg: dict, out: Path, seeds: int):
+    """(curves per seed, seconds) of ``pflkit compare`` with ``case``'s pflkit options."""
+    cfg = {**cfg, "name": f"xc-{case.key}"}
+    for section, values in case.settings.items():
+        cfg[section] = {**cfg.get(section, {}), **values}
+    cfg["algorithm"] = dict(case.pflkit)
+    cfg["compare"] = {"seeds": list(range(seeds)), "algorithms": [dict(case.pflkit)]}
+    path = out / f"{case.key}-pflkit.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    folder = out / f"{case.key}-pflkit"
+    cmd = [sys.executable, "-m", "pflkit", "compare", str(path), "--out", str(folder), "-q"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, env=_one_thread())
+    seconds = time.perf_counter() - t0
+    curves = []
+    for s in range(seeds):
+        runs = [p for p in folder.iterdir() if p.is_dir() and p.name.endswith(f"-s{s}")]
+        if len(runs) != 1:
+            raise RuntimeError(
+                f"pflkit compare left {len(runs)} run folders for seed {s} in {folder}"
+            )
+        run = runs[0]
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        curves.append(
+            {r["round"]: r["pers_acc_weighted"] for r in rows if "pers_acc_weighted" in r}
+        )
+    return curves, seconds
+
+
+def commit(checkout: Path) -> str:
+    """The reference checkout's commit (the table names it)."""
+    r = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return r.stdout.strip() or "unknown"
+
+
+def summary(paths: list[Path]) -> str:
+    """One markdown row per case from results.jsonl files: docs/crosscheck.md's table."""
+    rows = [json.loads(x) for p in paths for x in p.read_text().splitlines() if x.strip()]
+    out = [
+        "| case | reference (commit) | pflkit options | reference, last-10 mean (%) | "
+        "pflkit, last-10 mean (%) | pflkit - reference | verdict | s reference / pflkit |",
+        "|---|---|---|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        case = CASES[r["algorithm"]]
+        opts = ", ".join(f"{k}={v}" for k, v in case.pflkit.items() if k != "name") or "defaults"
+        out.append(
+            f"| {r['algorithm']} | {case.library} {case.ref_name} ({r.get('ref_commit', '?')}) | "
+            f"{opts} | {_ms(r['reference'])} | {_ms(r['pflkit'])} | "
+            f"{100 * r['diff']:+.2f} ± {100 * r['se']:.2f} | {r['verdict']} | "
+            f"{r['seconds_reference']:.0f} / {r['seconds_pflkit']:.0f} |"
+        )
+    return "\n".join(out)
+
+
+def _one_thread() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+# ---------------------------------------------------------------- comparison
+
+
+def last_mean(curve: dict[int, float], last: int) -> float:
+    rounds = sorted(curve)[-last:]
+    return statistics.fmean(curve[r] for r in rounds)
+
+
+def verdict(a: list[float], b: list[float]) -> tuple[float, float, str]:
+    """(difference of means b - a, its standard error, verdict). Unpaired: the two libraries'
+    seeds are different random streams. "within noise" when the difference is at most two
+    standard errors (Welch's, from the seeds' sample standard deviations)."""
+    diff = statistics.fmean(b) - statistics.fmean(a)
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    return diff, se, "within noise" if abs(diff) <= 2 * se else "differs"
+
+
+def _ms(xs: list[float]) -> str:
+    return f"{100 * statistics.fmean(xs):.2f} ± {100 * statistics.stdev(xs):.2f}"
+
+
+def table(
+    case: Case, ref: list[dict], ours: list[dict], last: int, secs: tuple[float, float]
+) -> str:
+    rounds = sorted(set.intersection(*(set(c) for c in ref + ours)) - {0})
+    lines = [
+        f"### {case.key}: {case.library} `{case.ref_name} {' '.join(case.ref_args)}` vs pflkit "
+        f"`{json.dumps(case.pflkit)}`",
+        "",
+        f"{case.note}",
+        "",
+        "| round | reference (mean ± std, %) | pflkit (mean ± std, %) |",
+        "|---:|---:|---:|",
+    ]
+    for r in rounds:
+        lines.append(f"| {r} | {_ms([c[r] for c in ref])} | {_ms([c[r] for c in ours])} |")
+    final_r, final_o = [c[rounds[-1]] for c in ref], [c[rounds[-1]] for c in ours]
+    last_r, last_o = [last_mean(c, last) for c in ref], [last_mean(c, last) for c in ours]
+    lines += [
+        "",
+        "| statistic | reference | pflkit | pflkit - reference | verdict |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for label, a, b in (("final", final_r, final_o), (f"last-{last} mean", last_r, last_o)):
+        d, se, v = verdict(a, b)
+        lines.append(f"| {label} | {_ms(a)} | {_ms(b)} | {100 * d:+.2f} ± {100 * se:.2f} | {v} |")
+    lines += ["", f"Wall time, all seeds: reference {secs[0]:.0f} s, pflkit {secs[1]:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def summary_row(case: Case, ref, ours, last: int, secs) -> dict:
+    a, b = [last_mean(c, last) for c in ref], [last_mean(c, last) for c in ours]
+    d, se, v = verdict(a, b)
+    return {
+        "algorithm": case.key,
+        "library": case.library,
+        "reference": [last_mean(c, last) for c in ref],
+        "pflkit": [last_mean(c, last) for c in ours],
+        "diff": d,
+        "se": se,
+        "verdict": v,
+        "seconds_reference": secs[0],
+        "seconds_pflkit": secs[1],
+        "curves_reference": [{str(k): v for k, v in c.items()} for c in ref],
+        "curves_pflkit": [{str(k): v for k, v in c.items()} for c in ours],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, help="one config for every case (default: CONFIGS)")
+    ap.add_argument("--algorithms", default="", help="comma-separated case keys (default: all)")
+    ap.add_argument("--pfllib", type=Path, help="a PFLlib checkout (TsingZ0/PFLlib)")
+    ap.add_argument("--flbench", type=Path, help="an FL-bench checkout (KarhouTam/FL-bench)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter for the references")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--last", type=int, default=10, help="rounds in the last-rounds mean")
+    ap.add_argument("--out", type=Path, help="results folder (rerunning into it continues)")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument(
+        "--summary",
+        nargs="+",
+        type=Path,
+        metavar="RESULTS_JSONL",
+        help="print docs/crosscheck.md's table from results.jsonl files and exit",
+    )
+    args = ap.parse_args(argv)
+    try:
+        if args.list:
+            for c in CASES.values():
+                print(
+                    f"{c.key}\t{c.library}\t{c.ref_name} {' '.join(c.ref_args)}\t{json.dumps(c.pflkit)}"
+                )
+            return 0
+        if args.summary:
+            if missing := [str(p) for p in args.summary if not p.is_file()]:
+                raise Usage(f"no results file {', '.join(missing)}: give results.jsonl files")
+            print(summary(args.summary))
+            return 0
+        if args.out is None:
+            raise Usage("give --out DIR, the folder for the runs and results.jsonl")
+        keys = [k for k in args.algorithms.split(",") if k] or list(CASES)
+        if unknown := [k for k in keys if k not in CASES]:
+            raise Usage(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(CASES)}")
+        if args.seeds < 2:
+            raise Usage(f"--seeds {args.seeds}: seed noise needs at least 2 seeds")
+        refs = {"pfllib": args.pfllib, "flbench": args.flbench}
+        for lib in sorted({CASES[k].library for k in keys}):
+            if refs[lib] is None:
+                raise Usage(
+                    f"cases {', '.join(k for k in keys if CASES[k].library == lib)} "
+                    f"run {lib}: give --{lib} PATH (a checkout)"
+                )
+        if args.config is not None and not args.config.is_file():
+            raise Usage(f"--config {args.config} is not a file")
+        args.out.mkdir(parents=True, exist_ok=True)
+        results = args.out / "results.jsonl"
+        done = (
+            {json.loads(x)["algorithm"] for x in results.read_text().splitlines()}
+            if results.exists()
+            else set()
+        )
+        runners = {"pfllib": run_pfllib, "flbench": run_flbench}
+        for key in keys:
+            case = CASES[key]
+            if key in done:
+                print(f"{key}: kept from an earlier run in {results}", flush=True)
+                continue
+            cfg_path = args.config or CONFIGS[case.library]
+            cfg = yaml.safe_load(cfg_path.read_text())
+            ref, t_ref = runners[case.library](
+                case, cfg_path, cfg, refs[case.library], args.python, args.out, args.seeds
+            )
+            ours, t_ours = run_pflkit(case, cfg, args.out, args.seeds)
+            print(table(case, ref, ours, args.last, (t_ref, t_ours)), flush=True)
+            row = summary_row(case, ref, ours, args.last, (t_ref, t_ours))
+            row |= {"config": str(cfg_path), "ref_commit": commit(refs[case.library])}
+            with open(results, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    except Usage as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

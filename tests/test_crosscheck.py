@@ -1,0 +1,114 @@
+"""The cross-check harness's parsing and verdict (benchmarks/crosscheck/crosscheck.py), on a
+hand-written PFLlib log and hand-computed statistics."""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parents[1] / "benchmarks" / "crosscheck"
+
+
+@pytest.fixture(scope="module")
+def xc():
+    sys.path.insert(0, str(HERE))
+    spec = importlib.util.spec_from_file_location("crosscheck_under_test", HERE / "crosscheck.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path.remove(str(HERE))
+
+
+PFLLIB_LOG = """
+============= Running time: 0th =============
+Creating server and clients ...
+-------------Round number: 0-------------
+Evaluate global models
+Averaged Test Accuracy: 0.1000
+-------------Round number: 1-------------
+Evaluate global models
+Averaged Test Accuracy: 0.2000
+Evaluate personalized models
+Averaged Test Accuracy: 0.3000
+Best accuracy.
+0.3
+============= Running time: 1th =============
+-------------Round number: 0-------------
+Averaged Test Accuracy: 0.1500
+-------------Round number: 1-------------
+Averaged Test Accuracy: 0.2500
+"""
+
+
+def test_pfllib_log_gives_one_curve_per_repetition_with_the_last_accuracy_of_a_round(xc):
+    assert xc.parse_pfllib(PFLLIB_LOG) == [{0: 0.1, 1: 0.3}, {0: 0.15, 1: 0.25}]
+
+
+def test_verdict_is_welch_two_standard_errors(xc):
+    a, b = [0.70, 0.72, 0.74], [0.75, 0.76, 0.77]
+    # means 0.72 and 0.76; sample variances 0.0004 and 0.0001; se = sqrt(0.0004/3 + 0.0001/3)
+    se = math.sqrt(0.0005 / 3)
+    diff, got_se, verdict = xc.verdict(a, b)
+    assert diff == pytest.approx(0.04) and got_se == pytest.approx(se)
+    assert verdict == "differs"  # 0.04 > 2 * 0.0129
+    assert xc.verdict(a, [0.71, 0.73, 0.75])[2] == "within noise"  # 0.01 <= 2 * se
+
+
+def test_last_mean_takes_the_last_rounds(xc):
+    assert xc.last_mean({1: 0.1, 2: 0.2, 3: 0.3, 4: 0.5}, 2) == pytest.approx(0.4)
+
+
+def test_pfllib_command_passes_the_shared_settings_and_the_case_arguments(xc):
+    import yaml
+
+    cfg = yaml.safe_load((HERE / "fmnist_practical_xc.yaml").read_text())
+    cmd = xc.pfllib_command(xc.CASES["fedrep"], cfg, "FMNIST-xc", 3)
+    args = dict(zip(cmd[1::2], cmd[2::2], strict=False))
+    assert args["-algo"] == "FedRep" and args["-pls"] == "1"
+    assert (args["-nc"], args["-lbs"], args["-lr"], args["-ls"]) == ("20", "10", "0.005", "1")
+    assert (args["-gr"], args["-eg"], args["-t"], args["-jr"]) == ("50", "1", "3", "1.0")
+    assert xc.CASES["fedrep"].pflkit == {"name": "fedrep", "head_epochs": 1}
+
+
+def test_an_unknown_case_exits_2_with_one_sentence(xc, tmp_path, capsys):
+    assert xc.main(["--algorithms", "fedavgg", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown case(s) fedavgg" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_summary_row_from_a_results_file(xc, tmp_path):
+    row = {
+        "algorithm": "fedrep",
+        "reference": [0.80, 0.82, 0.84],
+        "pflkit": [0.81, 0.83, 0.85],
+        "diff": 0.01,
+        "se": 0.0163,
+        "verdict": "within noise",
+        "seconds_reference": 300.4,
+        "seconds_pflkit": 200.6,
+        "ref_commit": "d832e76",
+    }
+    path = tmp_path / "results.jsonl"
+    path.write_text(__import__("json").dumps(row) + "\n")
+    line = xc.summary([path]).splitlines()[-1]
+    assert line == (
+        "| fedrep | pfllib FedRep (d832e76) | head_epochs=1 | 82.00 ± 2.00 | 83.00 ± 2.00 | "
+        "+1.00 ± 1.63 | within noise | 300 / 201 |"
+    )
+
+
+def test_a_case_with_other_settings_reaches_the_pflkit_config(xc, tmp_path, monkeypatch):
+    import yaml
+
+    written = {}
+    monkeypatch.setattr(xc.subprocess, "run", lambda *a, **k: written.setdefault("cmd", a))
+    cfg = {"train": {"lr": 0.01, "rounds": 2}, "algorithm": {"name": "fedavg"}}
+    with pytest.raises(RuntimeError, match="0 run folders for seed 0"):  # the fake wrote none
+        (tmp_path / "feddyn-pflkit").mkdir()
+        xc.run_pflkit(xc.CASES["feddyn"], cfg, tmp_path, 2)
+    got = yaml.safe_load((tmp_path / "feddyn-pflkit.yaml").read_text())
+    assert got["train"] == {"lr": 0.01, "rounds": 2, "grad_clip": 10.0}
+    assert got["algorithm"] == {"name": "feddyn", "alpha": 0.1, "weighting": "samples"}
+    assert got["compare"]["algorithms"] == [got["algorithm"]] and got["compare"]["seeds"] == [0, 1]
