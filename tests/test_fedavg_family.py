@@ -1,9 +1,18 @@
-"""Local, FedAvg, FedAvg-FT, FedProx: defining math and end-to-end behaviour."""
+"""Local, FedAvg, FedAvg-FT, FedProx: defining math and end-to-end behaviour.
+
+The ``*_by_hand`` tests recompute a client's local training with :func:`hand_sgd`, mini-batch
+SGD written out on the tiny config's MLP (:func:`mlp_logits`) with plain torch ops and autograd,
+drawing the batch order as the engine does (one ``torch.randperm(n)`` per epoch after the same
+seed), so a wrong loss term, learning rate, epoch count or start model changes the numbers.
+Other test modules import these two helpers."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.training import cross_entropy, get_weights
@@ -11,6 +20,44 @@ from pflkit.algorithms.fedprox import proximal_loss
 from pflkit.config import validate
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
+
+
+def mlp_logits(w, x):
+    """The tiny config's MLP (Flatten, Linear 64-32, ReLU, Linear 32-10) written out."""
+    h = torch.relu(x.flatten(1) @ w["body.1.weight"].T + w["body.1.bias"])
+    return h @ w["head.weight"].T + w["head.bias"]
+
+
+def ce(w, x, y):
+    return F.cross_entropy(mlp_logits(w, x), y)
+
+
+def hand_sgd(w, x, y, loss=ce, *, lr, batch_size=16, epochs=1, steps=None, shift=None):
+    """Plain mini-batch SGD (no momentum) from ``w`` on ``loss(w, x_b, y_b)``: ``steps`` steps
+    (default ``epochs`` passes), a fresh ``torch.randperm(n)`` order per pass, each step
+    ``w <- w - lr * (grad + shift)`` (``shift``: a constant added to the gradient)."""
+    w = {k: v.detach().clone() for k, v in w.items()}
+    n = len(y)
+    steps = epochs * math.ceil(n / batch_size) if steps is None else steps
+    done = 0
+    while done < steps:
+        perm = torch.randperm(n)
+        for i in range(0, n, batch_size):
+            if done == steps:
+                break
+            idx = perm[i : i + batch_size]
+            p = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+            grads = torch.autograd.grad(loss(p, x[idx], y[idx]), list(p.values()))
+            for (k, v), g in zip(p.items(), grads, strict=True):
+                w[k] = (v - lr * (g + (0 if shift is None else shift[k]))).detach()
+            done += 1
+    return w
+
+
+def assert_close(got, want, atol=1e-5):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
 
 
 def test_fedavg_aggregate_is_sample_weighted_mean_of_client_models(tiny):
@@ -145,3 +192,61 @@ def test_parameter_groups_are_named_by_the_model(tiny):
                                                             weights["head.bias"].shape]  # fmt: skip
     with pytest.raises(ValueError, match="unknown parameter group 'neck'"):
         model.group_keys("neck")
+
+
+# -- client steps by hand --------------------------------------------------------------------------
+def test_local_client_step_trains_its_own_model_by_hand(tiny):
+    """Local: E = 2 epochs of SGD from the client's own stored model; nothing is uploaded and
+    the trained model is kept and scored."""
+    sim = Simulation(tiny(algorithm={"name": "local"}, train={"local_epochs": 2}))
+    env, d = sim.envs[1], sim.data.clients[1]
+    w0 = sim.client_state(1)["weights"]
+    torch.manual_seed(7)
+    up = sim.algo.client_update(env, {}, {"weights": w0}, 3, "train")
+    torch.manual_seed(7)
+    want = hand_sgd(w0, d.train_x, d.train_y, lr=0.05, epochs=2)
+    assert up.upload == {}
+    assert_close(up.state["weights"], want)
+    assert sim.algo.personal_weights(env, {}, up.state) is up.state["weights"]
+
+
+def test_fedavg_client_step_is_e_epochs_of_minibatch_sgd_by_hand(tiny):
+    sim = Simulation(tiny(train={"local_epochs": 2}))
+    env, d, w = sim.envs[2], sim.data.clients[2], sim.server["weights"]
+    torch.manual_seed(5)
+    up = sim.algo.client_update(env, {"weights": w}, {}, 1, "train").upload
+    torch.manual_seed(5)
+    assert_close(up["weights"], hand_sgd(w, d.train_x, d.train_y, lr=0.05, epochs=2))
+    assert up["num_samples"] == len(d.train_y)
+    # the server: sum_k (n_k / n) w_k over the uploads, n_k = 1 and 3 here
+    ups = {0: {"weights": w, "num_samples": 1}, 3: {"weights": up["weights"], "num_samples": 3}}
+    new = sim.algo.aggregate(sim.senv, sim.server, ups, 1, "train")["weights"]
+    assert_close(new, {k: 0.25 * w[k] + 0.75 * up["weights"][k] for k in w}, atol=1e-6)
+
+
+def test_fedavg_ft_scores_the_global_model_fine_tuned_by_hand(tiny):
+    """FedAvg-FT's personalized model: the downloaded global model after ft_epochs = 2 epochs
+    of SGD at ft_lr = 0.02 (train: 1 epoch at 0.05) on the client's training split."""
+    sim = Simulation(tiny(algorithm={"name": "fedavg_ft", "ft_epochs": 2, "ft_lr": 0.02}))
+    env, d, w = sim.envs[0], sim.data.clients[0], sim.server["weights"]
+    torch.manual_seed(3)
+    got = sim.algo.personal_weights(env, {"weights": w}, {})
+    torch.manual_seed(3)
+    assert_close(got, hand_sgd(w, d.train_x, d.train_y, lr=0.02, epochs=2))
+
+
+def test_fedprox_client_step_by_hand(tiny):
+    """FedProx: SGD on h_k(w) = CE(w) + (mu / 2) ||w - w_t||^2 from the download w_t."""
+    mu = 0.5
+    sim = Simulation(tiny(algorithm={"name": "fedprox", "mu": mu}))
+    env, d = sim.envs[1], sim.data.clients[1]
+    torch.manual_seed(0)
+    w_t = {k: v + 0.2 * torch.randn_like(v) for k, v in sim.server["weights"].items()}
+
+    def h(w, x, y):
+        return ce(w, x, y) + mu / 2 * sum(((w[k] - w_t[k]) ** 2).sum() for k in w)
+
+    torch.manual_seed(4)
+    up = sim.algo.client_update(env, {"weights": w_t}, {}, 1, "train").upload
+    torch.manual_seed(4)
+    assert_close(up["weights"], hand_sgd(w_t, d.train_x, d.train_y, h, lr=0.05))

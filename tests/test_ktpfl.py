@@ -34,6 +34,7 @@ from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
 from pflkit.models import build_model
+from test_fedavg_family import assert_close, hand_sgd, mlp_logits
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "ktpfl"
 
@@ -497,6 +498,27 @@ def test_kd_loss_is_kl_teacher_student_and_its_t2_form():
     assert torch.allclose(g, t * (q.detach() - teacher) / 5, atol=1e-6)
 
 
+def test_simpfd_and_topkpfd_teachers_through_the_server_by_hand(digits_with_public):
+    """The share phase's teachers, S_hat_n = sum_m w[m, n] S_m: Sim-pFD's w[:, n] the cosine
+    similarities of the flattened soft predictions to S_n, normalised over m; TopK-pFD's
+    (k = 2) 1/2 on the student and on its most similar other client."""
+    s = soft(4, 64, 10, seed=12).float()
+    flat = s.double().reshape(4, -1).numpy()
+    cos = np.array([[a @ b / np.linalg.norm(a) / np.linalg.norm(b) for b in flat] for a in flat])
+    share = {c: {"soft": s[c], "num_samples": 10 * (c + 1)} for c in range(4)}
+    algo, senv, _ = setup(hetero_cfg({"name": "simpfd"}), digits_with_public)
+    teachers = algo.aggregate(senv, algo.server_init(senv), share, 1, "share")["teachers"]
+    w = cos / cos.sum(0)
+    for n in range(4):
+        expected = sum(float(w[m, n]) * s[m] for m in range(4))
+        assert torch.allclose(teachers[n], expected, atol=1e-6)
+    algo, senv, _ = setup(hetero_cfg({"name": "topkpfd", "k": 2}), digits_with_public)
+    teachers = algo.aggregate(senv, algo.server_init(senv), share, 1, "share")["teachers"]
+    for n in range(4):
+        nearest = max((m for m in range(4) if m != n), key=lambda m: cos[m, n])
+        assert torch.allclose(teachers[n], (s[n] + s[nearest]) / 2, atol=1e-6)
+
+
 # -- end to end: heterogeneous clients ---------------------------------------------------------------
 
 
@@ -557,9 +579,10 @@ def test_reupload_doubles_the_upload(digits_with_public):
 def test_fedmd_teacher_is_the_plain_mean(digits_with_public):
     algo, senv, _ = setup(hetero_cfg({"name": "fedmd"}), digits_with_public)
     s = soft(4, 64, 10, seed=9).float()
+    counts = (5, 10, 20, 40)  # the consensus ignores D_n
     server = algo.aggregate(
-        senv, algo.server_init(senv), {c: {"soft": s[c], "num_samples": 9} for c in range(4)}, 1,
-        "share",
+        senv, algo.server_init(senv),
+        {c: {"soft": s[c], "num_samples": counts[c]} for c in range(4)}, 1, "share",
     )  # fmt: skip
     for n in range(4):
         assert torch.allclose(server["teachers"][n], (s[0] + s[1] + s[2] + s[3]) / 4, atol=1e-6)
@@ -711,6 +734,51 @@ def test_pfeddf_fine_tunes_the_prototype_for_ft_epochs_by_value(digits_with_publ
         assert torch.allclose(personal[k], expected[k], atol=1e-6), k
 
 
+def test_feddf_group_average_is_sample_weighted_before_distillation_by_hand(
+    tiny, digits_with_public
+):
+    """One architecture, four uploads with n_k = 10, 20, 30, 40: the server starts from
+    sum_k (n_k / n) w_k, forms the teacher softmax(mean_k f_k(x) / T) (the clients' logits
+    averaged) and takes one full-batch SGD step (server_distill one_epoch, 64 public samples,
+    distill_batch_size 64, lr = train.lr) on KL(teacher || softmax(f(x) / T))."""
+    t = 2.0
+    algo_cfg = {"name": "feddf", "server_distill": "one_epoch", "temperature": t,
+                "distill_batch_size": 64}  # fmt: skip
+    algo, senv, _ = setup(tiny(algorithm=algo_cfg), digits_with_public)
+    base = algo.server_init(senv)["protos"][senv.arch()]
+    gen = torch.Generator().manual_seed(1)
+    uploads = {
+        c: {"weights": {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in base.items()},
+            "num_samples": 10 * (c + 1)}
+        for c in range(4)
+    }  # fmt: skip
+    server = algo.aggregate(senv, algo.server_init(senv), uploads, 1, "train")
+    x = digits_with_public.public_x
+    avg = {k: sum(u["weights"][k] * u["num_samples"] for u in uploads.values()) / 100 for k in base}
+    with torch.no_grad():
+        z = torch.stack([mlp_logits(u["weights"], x) for u in uploads.values()]).mean(0)
+        teacher = torch.softmax(z / t, 1)
+    p = {k: v.clone().requires_grad_(True) for k, v in avg.items()}
+    logq = torch.log_softmax(mlp_logits(p, x) / t, 1)
+    loss = (teacher * (teacher.log() - logq)).sum(1).mean()
+    grads = torch.autograd.grad(loss, list(p.values()))
+    expected = {k: avg[k] - 0.05 * g for k, g in zip(p, grads, strict=True)}
+    assert_close(server["protos"][senv.arch()], expected)
+
+
+def test_pfeddf_fine_tunes_the_prototype_by_hand(tiny, digits_with_public):
+    """pFedDF's personalized model: the architecture's prototype after ft_epochs = 2 epochs of
+    SGD at train.lr on the client's data (train.local_epochs is 1)."""
+    algo, senv, envs = setup(tiny(algorithm={"name": "pfeddf", "ft_epochs": 2}), digits_with_public)
+    torch.manual_seed(0)
+    proto = {k: v + 0.1 * torch.randn_like(v) for k, v in senv.init_weights().items()}
+    d = digits_with_public.clients[2]
+    torch.manual_seed(6)
+    got = algo.personal_weights(envs[2], {"proto": proto}, {})
+    torch.manual_seed(6)
+    assert_close(got, hand_sgd(proto, d.train_x, d.train_y, lr=0.05, epochs=2))
+
+
 # -- homogeneous KT-pFL ----------------------------------------------------------------------------
 
 
@@ -734,6 +802,8 @@ def test_homogeneous_ktpfl_mixes_parameters_by_columns_of_c(tiny, digits_with_pu
         for k, v in new["personal"][n].items():
             expected = sum(float(C0[m, n]) * uploads[m]["weights"][k] for m in range(4))
             assert torch.allclose(v, expected, atol=1e-6), (n, k)
+        # ... which client n downloads next round (and is scored with before it trains)
+        assert algo.configure(senv, new, n, 2, "train")["weights"] is new["personal"][n]
     s = torch.stack([uploads[c]["soft"] for c in range(4)]).double().numpy()
     counts = np.array([envs[c].num_train for c in range(4)], dtype=float)
     stepped = hand_c_steps(C0, s, counts / counts.sum())

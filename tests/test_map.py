@@ -22,6 +22,7 @@ from pflkit.algorithms.blocks.training import get_weights, set_weights
 from pflkit.engine import Simulation, run_experiment
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
+from test_fedavg_family import assert_close, hand_sgd, mlp_logits
 
 
 class Head(torch.nn.Module):
@@ -425,3 +426,122 @@ def test_fedphp_uploads_the_fine_tuned_model_and_folds_it_into_the_hpm(tiny):
     for k in w0:
         assert torch.allclose(new[k], 0.46 * sent[k] + 0.54 * old[k], atol=1e-6)
     assert any(not torch.allclose(sent[k], new[k]) for k in w0)
+
+
+# -- FedRS, FedPHP and ScaMAP client and server steps, by hand ----------------------------------
+def rs_ce(train_y, alpha, num_classes=10):
+    """MAP Eq. 8 written out: CE of the logits scaled by 1 (classes the client has at least
+    one sample of) or alpha."""
+    have = torch.zeros(num_classes, dtype=torch.bool)
+    have[train_y.unique()] = True
+    a = torch.where(have, 1.0, alpha)
+    return lambda w, x, y: F.cross_entropy(mlp_logits(w, x) * a, y)
+
+
+def kt_ce(hpm, lam, tau=4.0):
+    """MAP Eq. 13 with KD (Eq. 11) written out: (1 - lam) CE + lam tau^2 KL(p_hpm || p) at
+    temperature tau, the KL summed over classes and averaged over the batch."""
+
+    def loss(w, x, y):
+        z = mlp_logits(w, x)
+        pt = torch.softmax(mlp_logits(hpm, x) / tau, 1)
+        kl = (pt * (pt.log() - torch.log_softmax(z / tau, 1))).sum(1).mean()
+        return (1 - lam) * F.cross_entropy(z, y) + lam * tau**2 * kl
+
+    return loss
+
+
+def test_fedrs_client_step_is_sgd_on_the_rs_loss_by_hand(tiny):
+    alpha = 0.3
+    cfg = tiny(
+        algorithm={"name": "fedrs", "alpha": alpha},
+        data={"partition": {"name": "pathological", "classes_per_client": 3}},
+    )
+    sim = Simulation(cfg)
+    env, d, w = sim.envs[0], sim.data.clients[0], sim.server["weights"]
+    assert len(d.train_y.unique()) < 10
+    torch.manual_seed(2)
+    up = sim.algo.client_update(env, {"weights": w}, {}, 1, "train").upload
+    torch.manual_seed(2)
+    assert_close(up["weights"], hand_sgd(w, d.train_x, d.train_y, rs_ce(d.train_y, alpha), lr=0.05))
+
+
+def test_fedphp_client_step_distils_from_the_hpm_by_hand(tiny):
+    """FedPHP with an HPM: the upload is E epochs of SGD from the download on Eq. 13 (KD from
+    the frozen HPM, lambda = 0.3, tau = 4); the HPM becomes (1 - mu_k) upload + mu_k HPM with
+    mu_k = 0.9 z / (Q T) = 0.9 * 2 / (0.5 * 10) = 0.36 (second selection)."""
+    lam = 0.3
+    cfg = tiny(
+        algorithm={"name": "fedphp", "lam": lam}, train={"rounds": 10, "client_fraction": 0.5}
+    )
+    sim = Simulation(cfg)
+    env, d, w = sim.envs[2], sim.data.clients[2], sim.server["weights"]
+    torch.manual_seed(0)
+    hpm = {k: v + 0.3 * torch.randn_like(v) for k, v in w.items()}
+    torch.manual_seed(5)
+    up = sim.algo.client_update(env, {"weights": w}, {"hpm": hpm, "selected": 1}, 4, "train")
+    torch.manual_seed(5)
+    sent = hand_sgd(w, d.train_x, d.train_y, kt_ce(hpm, lam), lr=0.05)
+    assert_close(up.upload["weights"], sent)
+    assert_close(up.state["hpm"], {k: 0.64 * sent[k] + 0.36 * hpm[k] for k in w})
+    assert up.state["selected"] == 2
+
+
+def scamap(tiny):
+    return incomplete(tiny).model_copy(update={"algorithm": {"name": "scamap"}})
+
+
+def test_scamap_client_update_by_hand(tiny):
+    """ScaMAP's client with the defaults (authors' code), E = 2, K = 2 ceil(n / B):
+
+    - stage A: K SCAFFOLD steps y <- y - lr (grad RS(y) + c - c_i) from x (RS: alpha = 0.9 on
+      the classes the client lacks); upload Delta y = y - x, Delta c = c_i+ - c_i with
+      c_i+ = c_i - c + (x - y) / (K lr), keep c_i+;
+    - stage B: max(floor(0.2 K), 5) steps at 0.5 lr from y on Eq. 13 (KD from the HPM,
+      lambda = 0.01, tau = 4); HPM <- (1 - mu_k) result + mu_k HPM, mu_k = 0.9 * 2 / (0.5 * 4).
+    """
+    sim = Simulation(scamap(tiny))
+    cid = 4
+    env, d, x = sim.envs[cid], sim.data.clients[cid], sim.server["weights"]
+    assert len(d.train_y.unique()) < 10
+    torch.manual_seed(1)
+    c = {k: 0.3 * torch.randn_like(v) for k, v in x.items()}
+    ci = {k: 0.3 * torch.randn_like(v) for k, v in x.items()}
+    hpm = {k: v + 0.3 * torch.randn_like(v) for k, v in x.items()}
+    state = {"control": ci, "hpm": hpm, "selected": 1}
+    torch.manual_seed(3)
+    update = sim.algo.client_update(env, {"weights": x, "control": c}, state, 2, "train")
+    k_steps = 2 * math.ceil(len(d.train_y) / 16)
+    torch.manual_seed(3)
+    shift = {k: c[k] - ci[k] for k in x}
+    y = hand_sgd(x, d.train_x, d.train_y, rs_ce(d.train_y, 0.9), lr=0.05, steps=k_steps,
+                 shift=shift)  # fmt: skip
+    b = hand_sgd(y, d.train_x, d.train_y, kt_ce(hpm, 0.01), lr=0.025,
+                 steps=max(int(0.2 * k_steps), 5))  # fmt: skip
+    new_ci = {k: ci[k] - c[k] + (x[k] - y[k]) / (k_steps * 0.05) for k in x}
+    assert_close(update.upload["delta_y"], {k: y[k] - x[k] for k in x})
+    assert_close(update.upload["delta_c"], {k: new_ci[k] - ci[k] for k in x})
+    assert_close(update.state["control"], new_ci)
+    mu = 0.9 * 2 / (0.5 * 4)
+    assert_close(update.state["hpm"], {k: (1 - mu) * b[k] + mu * hpm[k] for k in x})
+
+
+def test_scamap_server_update_by_hand(tiny):
+    """ScaMAP's server (defaults): x <- x + 1.0 * mean_S(Delta y), c <- c + mean_S(Delta c)
+    (the authors' code: no |S| / N factor; here |S| = 3 of N = 6)."""
+    sim = Simulation(scamap(tiny))
+    x, c = sim.server["weights"], sim.server["control"]
+    gen = torch.Generator().manual_seed(0)
+    ups = {
+        cid: {
+            "delta_y": {k: torch.randn(v.shape, generator=gen) for k, v in x.items()},
+            "delta_c": {k: torch.randn(v.shape, generator=gen) for k, v in c.items()},
+            "num_samples": 10 * (cid + 1),
+        }
+        for cid in (0, 2, 5)
+    }
+    new = sim.algo.aggregate(sim.senv, sim.server, ups, 1, "train")
+    mean_dy = {k: sum(u["delta_y"][k] for u in ups.values()) / 3 for k in x}
+    mean_dc = {k: sum(u["delta_c"][k] for u in ups.values()) / 3 for k in c}
+    assert_close(new["weights"], {k: x[k] + mean_dy[k] for k in x}, atol=1e-6)
+    assert_close(new["control"], {k: c[k] + mean_dc[k] for k in c}, atol=1e-6)

@@ -27,6 +27,7 @@ from pflkit.algorithms.scaffold import (
 from pflkit.engine import Simulation, run_experiment
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
+from test_fedavg_family import assert_close, ce, hand_sgd, mlp_logits
 
 PATHOLOGICAL = {"partition": {"name": "pathological", "classes_per_client": 3}}
 
@@ -136,6 +137,57 @@ def test_scaffold_correction_moves_an_unused_row_by_exactly_k_lr_c_minus_ci(tiny
     update = algo.client_update(env, {"weights": x, "control": c}, state, 1, "train")
     pw = algo.personal_weights(env, {}, update.state)
     assert all(torch.allclose(pw[k], x[k] + update.upload["delta_y"][k]) for k in x)
+
+
+def test_scaffold_client_update_by_hand(tiny):
+    """SCAFFOLD's client (option II) through the algorithm, E = 2: K = 2 ceil(n / B) steps of
+    y <- y - lr (grad CE(y) + c - c_i) from x; c_i+ = c_i - c + (x - y) / (K lr); upload
+    Delta y = y - x and Delta c = c_i+ - c_i; keep c_i+."""
+    sim = Simulation(tiny(algorithm={"name": "scaffold"}, train={"local_epochs": 2}))
+    env, d, x = sim.envs[3], sim.data.clients[3], sim.server["weights"]
+    torch.manual_seed(1)
+    c, ci = _randn_like(x, 0.3), _randn_like(x, 0.3)
+    torch.manual_seed(6)
+    update = sim.algo.client_update(env, {"weights": x, "control": c}, {"control": ci}, 1, "train")
+    torch.manual_seed(6)
+    shift = {k: c[k] - ci[k] for k in x}
+    y = hand_sgd(x, d.train_x, d.train_y, lr=0.05, epochs=2, shift=shift)
+    k_steps = 2 * math.ceil(len(d.train_y) / 16)
+    new_ci = {k: ci[k] - c[k] + (x[k] - y[k]) / (k_steps * 0.05) for k in x}
+    assert_close(update.upload["delta_y"], {k: y[k] - x[k] for k in x})
+    assert_close(update.upload["delta_c"], {k: new_ci[k] - ci[k] for k in x})
+    assert_close(update.state["control"], new_ci)
+    assert update.upload["num_samples"] == len(d.train_y)
+
+
+def rs_ce(train_y, alpha, num_classes=10):
+    """MAP Eq. 8 written out: CE of the logits scaled by 1 (classes the client has) or alpha."""
+    have = torch.zeros(num_classes, dtype=torch.bool)
+    have[train_y.unique()] = True
+    a = torch.where(have, 1.0, alpha)
+
+    def loss(w, x, y):
+        return F.cross_entropy(mlp_logits(w, x) * a, y)
+
+    return loss
+
+
+def test_scars_client_update_is_scaffold_on_the_rs_loss_by_hand(tiny):
+    alpha = 0.5
+    sim = Simulation(tiny(algorithm={"name": "scars", "alpha": alpha}, data=PATHOLOGICAL))
+    env, d, x = sim.envs[2], sim.data.clients[2], sim.server["weights"]
+    assert _missing_classes(sim, 2)
+    torch.manual_seed(2)
+    c, ci = _randn_like(x, 0.3), _randn_like(x, 0.3)
+    torch.manual_seed(8)
+    update = sim.algo.client_update(env, {"weights": x, "control": c}, {"control": ci}, 1, "train")
+    torch.manual_seed(8)
+    shift = {k: c[k] - ci[k] for k in x}
+    y = hand_sgd(x, d.train_x, d.train_y, rs_ce(d.train_y, alpha), lr=0.05, shift=shift)
+    k_steps = math.ceil(len(d.train_y) / 16)
+    assert_close(update.upload["delta_y"], {k: y[k] - x[k] for k in x})
+    new_ci = {k: ci[k] - c[k] + (x[k] - y[k]) / (k_steps * 0.05) for k in x}
+    assert_close(update.state["control"], new_ci)
 
 
 # -- SCAFFOLD: server step -----------------------------------------------------------------------
@@ -296,6 +348,54 @@ def test_ditto_aggregate_is_uniform_mean_by_default(tiny):
         weighted.aggregate(sim.senv, {}, ups, 1, "train")["weights"]["w"],
         torch.full((2,), 10 / 11),
     )
+
+
+def test_ditto_client_update_by_hand(tiny):
+    """Ditto, Algorithm 1: the upload is E = 1 epoch of SGD on CE from w_t at train.lr; then the
+    personal model v continues from the stored v_k with personal_epochs = 2 epochs at
+    personal_lr = 0.02 on CE(v) + (lam / 2) ||v - w_t||^2; a first participation starts v at
+    w_t. The personalized model is v."""
+    lam = 0.5
+    algo = {"name": "ditto", "lam": lam, "personal_epochs": 2, "personal_lr": 0.02}
+    sim = Simulation(tiny(algorithm=algo))
+    env, d, w_t = sim.envs[0], sim.data.clients[0], sim.server["weights"]
+    torch.manual_seed(3)
+    v0 = _randn_like(w_t, 0.1)
+    v0 = {k: w_t[k] + v0[k] for k in w_t}
+
+    def h(v, x, y):
+        return ce(v, x, y) + lam / 2 * sum(((v[k] - w_t[k]) ** 2).sum() for k in v)
+
+    for start in (v0, None):
+        torch.manual_seed(9)
+        state = {} if start is None else {"personal": start}
+        update = sim.algo.client_update(env, {"weights": w_t}, state, 1, "train")
+        torch.manual_seed(9)
+        w_k = hand_sgd(w_t, d.train_x, d.train_y, lr=0.05)
+        v = hand_sgd(start or w_t, d.train_x, d.train_y, h, lr=0.02, epochs=2)
+        assert_close(update.upload["weights"], w_k)
+        assert_close(update.state["personal"], v)
+        assert sim.algo.personal_weights(env, {}, update.state) is update.state["personal"]
+
+
+def test_dittors_client_update_by_hand(tiny):
+    """DittoRS: the global branch on the RS loss (hard rule: alpha on the classes the client
+    lacks), the personal branch on plain CE + (lam / 2) ||v - w_t||^2."""
+    alpha, lam = 0.3, 0.1
+    sim = Simulation(tiny(algorithm={"name": "dittors", "alpha": alpha}, data=PATHOLOGICAL))
+    env, d, w_t = sim.envs[1], sim.data.clients[1], sim.server["weights"]
+    assert _missing_classes(sim, 1)
+
+    def h(v, x, y):
+        return ce(v, x, y) + lam / 2 * sum(((v[k] - w_t[k]) ** 2).sum() for k in v)
+
+    torch.manual_seed(4)
+    update = sim.algo.client_update(env, {"weights": w_t}, {}, 1, "train")
+    torch.manual_seed(4)
+    w_k = hand_sgd(w_t, d.train_x, d.train_y, rs_ce(d.train_y, alpha), lr=0.05)
+    v = hand_sgd(w_t, d.train_x, d.train_y, h, lr=0.05)
+    assert_close(update.upload["weights"], w_k)
+    assert_close(update.state["personal"], v)
 
 
 def test_dittors_global_branch_uses_rs_and_personal_branch_plain_ce(tiny):

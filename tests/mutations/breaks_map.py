@@ -1,9 +1,32 @@
-"""Breaks of MAP and its family (issue 10): the restricted softmax, the HPM stage, MAP's
-partition and evaluation protocol, FedPHP's upload."""
+"""Breaks of MAP and its family (issue 10): the restricted softmax (FedRS), the HPM stage
+(FedPHP), MAP's partition and evaluation protocol, ScaMAP's SCAFFOLD stage A."""
 
 from mutate import Break
 
-T = ("tests/test_map.py",)
+M = "tests/test_map.py"
+MAP = (
+    f"{M}::test_eq13_weights_ce_by_one_minus_lambda_and_kt_by_lambda",
+    f"{M}::test_kd_loss_averages_over_the_batch",
+    f"{M}::test_incomplete_partition_balances_a_clients_classes_with_quantity_skew",
+    f"{M}::test_selected_client_protocol_scores_the_hpm_of_the_selected_clients",
+    f"{M}::test_map_stage_b_runs_at_the_scaled_learning_rate",
+)
+FEDRS = (
+    f"{M}::test_rs_scales_exactly_the_missing_classes_logits",
+    f"{M}::test_rs_soft_and_complete_modes",
+    f"{M}::test_rs_loss_by_value_for_a_fractional_alpha",
+    f"{M}::test_fedrs_client_step_is_sgd_on_the_rs_loss_by_hand",
+)
+FEDPHP = (
+    f"{M}::test_hpm_momentum_schedules",
+    f"{M}::test_hpm_update_is_the_moving_average",
+    f"{M}::test_fedphp_uploads_the_fine_tuned_model_and_folds_it_into_the_hpm",
+    f"{M}::test_fedphp_client_step_distils_from_the_hpm_by_hand",
+)
+SCAMAP = (
+    f"{M}::test_scamap_client_update_by_hand",
+    f"{M}::test_scamap_server_update_by_hand",
+)
 BREAKS = [
     Break(
         "fedrs",
@@ -11,7 +34,7 @@ BREAKS = [
         "algorithms/blocks/rs.py",
         "F.cross_entropy(model(x) * scale, y)",
         "F.cross_entropy(model(x) * scale * scale, y)",
-        T,
+        FEDRS,
     ),
     Break(
         "map",
@@ -19,7 +42,7 @@ BREAKS = [
         "algorithms/blocks/hpm.py",
         "(1 - p.lam) * F.cross_entropy(logits, y) + p.lam * kt",
         "p.lam * F.cross_entropy(logits, y) + (1 - p.lam) * kt",
-        T,
+        MAP,
     ),
     Break(
         "map",
@@ -27,7 +50,7 @@ BREAKS = [
         "algorithms/blocks/hpm.py",
         "            hp = teacher.features(x)\n            gp = teacher.head(hp)",
         "            hp = model.features(x)\n            gp = model.head(hp)",
-        T,
+        MAP,
     ),
     Break(
         "map",
@@ -35,7 +58,7 @@ BREAKS = [
         "algorithms/blocks/hpm.py",
         'reduction="batchmean"',
         'reduction="sum"',
-        T,
+        MAP,
     ),
     Break(
         "map",
@@ -43,7 +66,7 @@ BREAKS = [
         "data/partition.py",
         "d[client, chosen] = 1.0 / n_k[client]",
         "d[client, chosen] = 1.0",
-        T,
+        MAP,
     ),
     Break(
         "map",
@@ -51,7 +74,7 @@ BREAKS = [
         "algorithms/base.py",
         '        return personal if personal is not None else upload["weights"]',
         '        return upload["weights"]',
-        T,
+        MAP,
     ),
     Break(
         "map",
@@ -59,7 +82,7 @@ BREAKS = [
         "engine/simulation.py",
         "self.runner.evaluate(rnd, {cid: views[cid] for cid in uploads}, uploads)",
         "self.runner.evaluate(rnd, views, uploads)",
-        T,
+        MAP,
     ),
     Break(
         "map",
@@ -67,7 +90,7 @@ BREAKS = [
         "algorithms/map.py",
         "lr_b = env.run.train.lr * self.params.stage_b_lr_scale",
         "lr_b = env.run.train.lr",
-        T,
+        MAP,
     ),
     Break(
         "fedphp",
@@ -75,6 +98,122 @@ BREAKS = [
         "algorithms/fedphp.py",
         'upload = {"weights": get_weights(model), "num_samples": env.num_train}',
         'upload = {"weights": state["hpm"], "num_samples": env.num_train}',
-        T,
+        FEDPHP,
+    ),
+    # -- FedRS -------------------------------------------------------------------------------------
+    Break(
+        "fedrs",
+        "observed means more than min_samples",
+        "algorithms/blocks/rs.py",
+        "torch.where(counts >= min_samples, 1.0, alpha)",
+        "torch.where(counts > min_samples, 1.0, alpha)",
+        FEDRS,
+    ),
+    Break(
+        "fedrs",
+        "alpha scales the observed classes",
+        "algorithms/blocks/rs.py",
+        "torch.where(counts >= min_samples, 1.0, alpha)",
+        "torch.where(counts >= min_samples, alpha, 1.0)",
+        FEDRS,
+    ),
+    Break(
+        "fedrs",
+        "soft scale normalised by the sum",
+        "algorithms/blocks/rs.py",
+        "alpha + (1 - alpha) * counts / counts.max()",
+        "alpha + (1 - alpha) * counts / counts.sum()",
+        FEDRS,
+    ),
+    Break(
+        "fedrs",
+        "mixin order: FedAvg's CE wins over RS",
+        "algorithms/fedrs.py",
+        "class FedRS(RestrictedSoftmax, FedAvg):",
+        "class FedRS(FedAvg, RestrictedSoftmax):",
+        FEDRS,
+    ),
+    # -- FedPHP ------------------------------------------------------------------------------------
+    Break(
+        "fedphp",
+        "HPM momentum on the new model",
+        "algorithms/blocks/hpm.py",
+        "torch.lerp(v, hpm[k], m)",
+        "torch.lerp(hpm[k], v, m)",
+        FEDPHP,
+    ),
+    Break(
+        "fedphp",
+        "z counts the previous selections only",
+        "algorithms/blocks/hpm.py",
+        'z = state["selected"] + 1',
+        'z = state["selected"]',
+        FEDPHP,
+    ),
+    Break(
+        "fedphp",
+        "mu_k without Q",
+        "algorithms/blocks/hpm.py",
+        "return min(max(mu * z / (q * t), 0.0), 1.0)",
+        "return min(max(mu * z / t, 0.0), 1.0)",
+        FEDPHP,
+    ),
+    Break(
+        "fedphp",
+        "fine-tuning without KT from the HPM",
+        "algorithms/blocks/hpm.py",
+        "loss = env.train(model, loss_fn=kt_loss(teacher, p), **train)",
+        "loss = env.train(model, **train)",
+        FEDPHP,
+    ),
+    Break(
+        "fedphp",
+        "KD without tau^2",
+        "algorithms/blocks/hpm.py",
+        'return tau**2 * F.kl_div(log_p, target, reduction="batchmean")',
+        'return F.kl_div(log_p, target, reduction="batchmean")',
+        FEDPHP,
+    ),
+    # -- ScaMAP ------------------------------------------------------------------------------------
+    Break(
+        "scamap",
+        "stage A on plain CE",
+        "algorithms/map.py",
+        "            self.local_objective(env, payload),",
+        "            super(RestrictedSoftmax, self).local_objective(env, payload),",
+        SCAMAP,
+    ),
+    Break(
+        "scamap",
+        "client keeps its old control variate",
+        "algorithms/map.py",
+        'return upload, {**state, "control": step.control}, step.loss',
+        "return upload, state, step.loss",
+        SCAMAP,
+    ),
+    Break(
+        "scamap",
+        "control update with the paper's |S| / N",
+        "algorithms/map.py",
+        'control_scale: ControlScale = param("code", "authors\' code (no |S|/N factor)")',
+        'control_scale: ControlScale = param("paper", "authors\' code (no |S|/N factor)")',
+        SCAMAP,
+    ),
+    Break(
+        "scamap",
+        "stage B at MAP's lr scale",
+        "algorithms/map.py",
+        'stage_b_lr_scale: float = param(0.5, "authors\' code", gt=0)',
+        'stage_b_lr_scale: float = param(0.2, "authors\' code", gt=0)',
+        SCAMAP,
+    ),
+    Break(
+        "scamap",
+        "stage B from the download, not from y",
+        "algorithms/map.py",
+        "        upload, state, loss_a = self.stage_a(env, model, payload, state, steps_a)\n",
+        "        upload, state, loss_a = self.stage_a(env, model, payload, state, steps_a)\n"
+        '        set_weights(model, payload["weights"])\n',
+        SCAMAP,
     ),
 ]
