@@ -183,3 +183,29 @@ def test_short_run_stores_models_pair_matrices_and_sends_one_model(tiny):
             assert final[c] == w0_acc[c]
     gain = np.mean([final[c] - w0_acc[c] for c in seen])
     assert gain > 0.1, gain
+
+
+def test_client_step_by_hand_starts_from_its_own_model(tiny):
+    """One full-batch step (lr 0.1) of client 1 holding its own w_i, given the cloud model u_i:
+    w_i - 0.1 (grad CE(w_i) + (lam / alpha_k)(w_i - u_i)), lam / alpha_k = 0.2 / 0.5, written
+    out with autograd on the plain cross-entropy."""
+    cfg = tiny(
+        algorithm={"name": "fedamp", "alpha_k": 0.5, "lam": 0.2, "sigma": 2.0},
+        data={"num_clients": 3},
+        train={"batch_size": 10_000, "local_epochs": 1, "lr": 0.1},
+    )
+    sim = Simulation(cfg)
+    env = sim.envs[1]
+    g = torch.Generator().manual_seed(0)
+    w0 = common_init(env)
+    own = {k: v + 0.2 * torch.randn(v.shape, generator=g) for k, v in w0.items()}
+    cloud = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in w0.items()}
+    out = sim.algo.client_update(env, {"weights": cloud}, {"weights": own}, 2, "train")
+    model = env.model("check")
+    model.load_state_dict(own)
+    params = dict(model.named_parameters())
+    ce = torch.nn.functional.cross_entropy(model(env.data.train_x), env.data.train_y)
+    grads = dict(zip(params, torch.autograd.grad(ce, list(params.values())), strict=True))
+    for k, v in own.items():
+        want = v - 0.1 * (grads[k] + 0.4 * (v - cloud[k]))
+        assert torch.allclose(out.upload["weights"][k], want, atol=1e-6), k

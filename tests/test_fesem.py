@@ -152,3 +152,15 @@ def test_random_init_builds_k_distinct_centers_before_any_round(tiny, tmp_path):
     assert not torch.equal(centers[0][key], sim.server["weights"][key])
     result = run_experiment(cfg, out=tmp_path / "run")
     assert len(result.rows) == 2 and "pers_acc_mean" in result.rows[-1]
+
+
+def test_each_client_downloads_and_is_scored_on_its_own_centre(tiny):
+    """configure and eval_view send the centre of the client's cluster, by value: (10, 10) for
+    a client of cluster 1, (100, -100) for cluster 2, w^0 = (0, 0) for a client without one."""
+    sim = Simulation(tiny(algorithm={"name": "fesem", "num_clusters": 3}))
+    server = {"weights": w(0.0, 0.0), "centers": CENTERS, "assign": {3: 1, 1: 2}}
+    for cid, want in ((3, [10.0, 10.0]), (1, [100.0, -100.0]), (0, [0.0, 0.0])):
+        down = sim.algo.configure(sim.senv, server, cid, 2, "train")["weights"]
+        np.testing.assert_allclose(down["w"], want)
+        view = sim.algo.eval_view(sim.senv, server, cid)["weights"]
+        np.testing.assert_allclose(view["w"], want)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from conftest import tiny_config
+from pflkit.algorithms import l2gd as l2gd_module
 from pflkit.algorithms.l2gd import coin_runs, pull
 from pflkit.config import validate
 from pflkit.engine import Simulation, run_experiment
@@ -162,3 +163,87 @@ def test_short_run_pulls_every_private_model_toward_the_average(tiny, tmp_path):
     assert any(not torch.equal(a[k], b[k]) for k in a)
     result = run_experiment(cfg, out=tmp_path / "run")
     assert "pers_acc_mean" in result.rows[-1] and "global_acc" in result.rows[-1]
+
+
+# -- the phases with fixed coin runs (the round's L_r and M_r set by the test) -------------------
+
+
+def fixed_runs(monkeypatch, local, aggregation):
+    """Make every round's coin runs (L_r, M_r) = (local, aggregation)."""
+    monkeypatch.setattr(l2gd_module, "coin_runs", lambda seed, rnd, p: (local, aggregation))
+
+
+def full_batch_grads(model, weights, x, y):
+    """d CE / d w of the full training split at ``weights``, by parameter name."""
+    model.load_state_dict(weights)
+    names = [k for k, _ in model.named_parameters()]
+    loss = nn.functional.cross_entropy(model(x), y)
+    return dict(zip(names, torch.autograd.grad(loss, list(model.parameters())), strict=True))
+
+
+def test_local_phase_runs_L_r_plain_gradient_steps(tiny, monkeypatch):
+    """L_r = 3, M_r = 1: the local phase is 3 full-batch gradient steps of lr train.lr (eta
+    unset), without the run's momentum 0.9; M_r (1) must not be the step count."""
+    fixed_runs(monkeypatch, 3, 1)
+    cfg = tiny(
+        algorithm={"name": "l2gd", "lam": 0.5, "p": 0.25},
+        train={"batch_size": 100000, "momentum": 0.9, "lr": 0.2},
+    )
+    sim = Simulation(cfg)
+    env = sim.envs[1]
+    x0 = perturbed(sim.server["weights"], 0.1, 5)
+    model = env.model("check")
+    want = dict(x0)
+    for _ in range(3):  # x <- x - 0.2 grad f_i(x)
+        g = full_batch_grads(model, want, env.data.train_x, env.data.train_y)
+        want = {k: v - 0.2 * g[k] if k in g else v for k, v in want.items()}
+    payload = sim.algo.configure(sim.senv, sim.server, 1, 1, "local")
+    out = sim.algo.client_update(env, payload, {"weights": x0}, 1, "local")
+    for k, v in want.items():
+        torch.testing.assert_close(out.upload["weights"][k], v, rtol=1e-5, atol=1e-6)
+    # the three steps moved the model well beyond one step's size
+    g0 = full_batch_grads(model, x0, env.data.train_x, env.data.train_y)
+    one = {k: x0[k] - 0.2 * g for k, g in g0.items()}
+    assert max(float((out.upload["weights"][k] - one[k]).abs().max()) for k in one) > 1e-3
+
+
+def test_pull_phase_applies_M_r_aggregation_steps(tiny, monkeypatch):
+    """L_r = 1, M_r = 3, c = lr lam (1 - p) / p = 0.05 * 2 * 0.75 / 0.25 = 0.3: x_bar is the
+    plain mean of the uploads (whatever their n_i), and the pull is three aggregation steps
+    x <- x - 0.3 (x - x_bar), i.e. x_bar + 0.7^3 (x - x_bar)."""
+    fixed_runs(monkeypatch, 1, 3)
+    sim = l2gd_sim(tiny, lam=2.0, p=0.25)
+    w = {"w": torch.tensor([1.0, -2.0]), "n": torch.tensor(3)}
+    ups = {
+        0: {"weights": {"w": torch.tensor([2.0, 0.0]), "n": torch.tensor(3)}, "num_samples": 1},
+        2: {"weights": {"w": torch.tensor([0.0, 4.0]), "n": torch.tensor(3)}, "num_samples": 9},
+    }
+    server = sim.algo.aggregate(sim.senv, {"weights": w}, ups, 1, "local")
+    np.testing.assert_allclose(server["weights"]["w"], [1.0, 2.0])  # not (0.2, 3.6)
+    x_bar = sim.server["weights"]
+    x = perturbed(x_bar, 0.5, 4)
+    out = sim.algo.client_update(sim.envs[0], {"weights": x_bar}, {"weights": x}, 1, "pull")
+    for k, v in x.items():
+        if v.is_floating_point():
+            torch.testing.assert_close(out.state["weights"][k], x_bar[k] + 0.343 * (v - x_bar[k]))
+
+
+def test_scored_model_is_the_private_x_i(tiny):
+    """A client's personalized accuracy is its own x_i's, not x_bar's (by hand: the argmax of
+    x_i's logits on the client's test split)."""
+    sim = l2gd_sim(tiny, lam=2.0, p=0.25)
+    x_bar = sim.server["weights"]
+    for cid in range(4):
+        sim.clients[cid] = {"weights": perturbed(x_bar, 1.0, 10 + cid)}
+    row = sim.evaluate(1, {})
+    model = sim.envs[0].model("check")
+    differ = 0
+    for cid, env in enumerate(sim.envs):
+        with torch.no_grad():
+            model.load_state_dict(sim.clients[cid]["weights"])
+            own = int((model(env.data.test_x).argmax(1) == env.data.test_y).sum())
+            model.load_state_dict(x_bar)
+            avg = int((model(env.data.test_x).argmax(1) == env.data.test_y).sum())
+        assert row["pers_acc_clients"][cid] == pytest.approx(own / len(env.data.test_y))
+        differ += own != avg
+    assert differ >= 2  # the check tells the two models apart

@@ -149,3 +149,58 @@ def test_bad_parameters_are_one_sentence(bad, word):
         build_algorithm({"name": "moon", **bad})
     msg = str(err.value)
     assert word in msg and "\n" not in msg
+
+
+def _perturbed(weights, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+
+
+def _cos(a, b):
+    return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
+
+
+def _moon_step(model, w, w_glob, w_prev, x, y, mu, tau, lr):
+    """One full-batch SGD step on CE + mu * l_con, written out: the features of the frozen
+    references are taken without gradient, l_con = mean log(1 + e^{(cos_prev - cos_glob)/tau})."""
+    with torch.no_grad():
+        model.load_state_dict(w_glob)
+        zg = model.features(x)
+        model.load_state_dict(w_prev)
+        zp = model.features(x)
+    model.load_state_dict(w)
+    z = model.features(x)
+    logits = model.head(z)
+    ce = (torch.logsumexp(logits, 1) - logits[torch.arange(len(y)), y]).mean()
+    lcon = torch.log(1 + torch.exp((_cos(z, zp) - _cos(z, zg)) / tau)).mean()
+    params = dict(model.named_parameters())
+    grads = torch.autograd.grad(ce + mu * lcon, list(params.values()))
+    return {k: w[k] - lr * g for k, g in zip(params, grads, strict=True)}
+
+
+def test_one_client_step_by_hand():
+    """Two rounds of one client, one full-batch step each (lr 0.1, mu 2, tau 0.5): each step is
+    written out, and round 2 contrasts against the model round 1 trained (its ``prev``)."""
+    cfg = tiny_config(
+        algorithm={"name": "moon", "mu": 2.0, "tau": 0.5},
+        train={"batch_size": 100000, "lr": 0.1, "local_epochs": 1},
+    )
+    sim = Simulation(validate(cfg))
+    env = sim.envs[0]
+    x, y = env.data.train_x, env.data.train_y
+    model = env.model("check")
+    g1 = sim.server["weights"]
+    prev0 = _perturbed(g1, 0.3, 1)
+    out1 = sim.algo.client_update(env, {"weights": g1}, {"prev": prev0}, 1, "train")
+    want1 = _moon_step(model, g1, g1, prev0, x, y, 2.0, 0.5, 0.1)
+    for k, v in want1.items():
+        assert torch.allclose(out1.upload["weights"][k], v, atol=1e-6), k
+    # round 2: a new global model; the previous model is round 1's trained one
+    g2 = _perturbed(g1, 0.2, 2)
+    out2 = sim.algo.client_update(env, {"weights": g2}, out1.state, 2, "train")
+    want2 = _moon_step(model, g2, g2, want1, x, y, 2.0, 0.5, 0.1)
+    for k, v in want2.items():
+        assert torch.allclose(out2.upload["weights"][k], v, atol=1e-6), k
+    # the contrastive term moved this step: CE alone gives another model
+    plain = _moon_step(model, g2, g2, want1, x, y, 0.0, 0.5, 0.1)
+    assert max(float((plain[k] - want2[k]).abs().max()) for k in plain) > 1e-4

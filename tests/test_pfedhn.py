@@ -226,3 +226,23 @@ def test_short_run_trains_only_selected_embeddings_and_learns(tiny):
     # the personalized models h(v_i; phi) learn: round 1 is near chance on 10 classes
     acc = [r["pers_acc_mean"] for r in rows]
     assert acc[0] < 0.15 and acc[-1] > acc[0] + 0.15, acc
+
+
+def test_unclipped_step_below_the_threshold_by_hand(tiny):
+    """grad_clip 50 with a small Delta theta (total gradient norm far below 50): the step is
+    the plain one, W <- W + lr Delta v^T, b <- b + lr Delta, v <- v + lr W^T Delta."""
+    lr = 0.1
+    sim = _sim(tiny, hn_lr=lr, weight_decay=0.0, grad_clip=50.0)
+    server, shapes = _linear_server(sim)
+    delta = {k: torch.full(s, 1e-3) for k, s in shapes.items()}
+    new = sim.algo.aggregate(sim.senv, server, {1: {"delta": delta}}, 1, "train")
+    v = server["embeddings"][1]
+    dv = torch.zeros_like(v)
+    for k, h in server["phi"]["heads"].items():
+        d = delta[k].reshape(-1)
+        want_w = h["weight"] + lr * torch.outer(d, v)
+        assert torch.allclose(new["phi"]["heads"][k]["weight"], want_w, atol=1e-7), k
+        assert torch.allclose(new["phi"]["heads"][k]["bias"], h["bias"] + lr * d, atol=1e-7), k
+        dv += h["weight"].T @ d
+    assert torch.allclose(new["embeddings"][1], v + lr * dv, atol=1e-6)
+    assert float(dv.norm()) < 50  # the threshold is not reached

@@ -36,10 +36,12 @@ def make(name: str = "pfedpm", **params):
     return cls(p)
 
 
-def sim_of(algorithm: dict, rounds: int = 3, momentum: float = 0.0, **sections) -> Simulation:
+def sim_of(
+    algorithm: dict, rounds: int = 3, momentum: float = 0.0, batch_size: int = 16, **sections
+) -> Simulation:
     train = {
         "rounds": rounds,
-        "batch_size": 16,
+        "batch_size": batch_size,
         "lr": 0.05,
         "local_epochs": 1,
         "momentum": momentum,
@@ -317,3 +319,67 @@ def test_end_to_end_regulariser_pulls_features_to_the_anchors_and_relation_head_
     # classes well above chance (10 anchored classes): measured 0.10, 0.46, 0.78
     acc = [row["pers_acc_mean"] for row in runs["relation"][1]]
     assert acc[0] < 0.2 and acc[2] > 0.6
+
+
+def test_one_relation_step_by_hand():
+    """One full-batch round with anchors (a = 0.4, lam = 0.5, lr 0.05, relation: mlp with 3
+    hidden units, relation_lr 0.02), written out with plain torch: the anchors (Eq. 8), the body
+    step on CE + lam * sum_j ||mean_j h - A_j||, then one relation step on Eq. 13's summed
+    squared error with the features of the *stepped* extractor."""
+    lr, rel_lr, lam, a = 0.05, 0.02, 0.5, 0.4
+    sim = sim_of(
+        {
+            "name": "pfedpm",
+            "a": a,
+            "lam": lam,
+            "relation": "mlp",
+            "relation_hidden": 3,
+            "relation_lr": rel_lr,
+        },
+        rounds=2,
+        batch_size=100000,
+    )
+    env = sim.envs[0]
+    x, y = env.data.train_x, env.data.train_y
+    state = sim.algo.client_init(env)
+    d, k_all = 32, 10
+    g = torch.Generator().manual_seed(0)
+    glob = torch.randn(k_all, d, generator=g)
+    held = torch.unique(y)
+    prev = torch.randn(len(held), d, generator=g)
+    state["protos"] = {"classes": held, "protos": prev}
+    payload = {"classes": torch.arange(k_all), "protos": glob}
+    upload, new, _ = sim.algo.client_update(env, payload, state, 2, "train")
+    # Eq. 8: every class has a global prototype; the held ones mix in the client's own
+    anchors = glob.clone()
+    anchors[held] = a * prev + (1 - a) * glob[held]
+    assert torch.allclose(new["anchors"]["protos"], anchors, atol=1e-6)
+    # the body step
+    model = env.model("check")
+    model.load_state_dict(state["weights"])
+    h = model.features(x)
+    logits = model.head(h)
+    ce = (torch.logsumexp(logits, 1) - logits[torch.arange(len(y)), y]).mean()
+    reg = sum((h[y == c].mean(0) - anchors[c]).norm() for c in held.tolist())
+    params = dict(model.named_parameters())
+    grads = torch.autograd.grad(ce + lam * reg, list(params.values()))
+    w1 = {k: state["weights"][k] - lr * gk for k, gk in zip(params, grads, strict=True)}
+    for k, v in w1.items():
+        assert torch.allclose(new["weights"][k], v, atol=1e-6), k
+    # the relation step, on the features of the stepped model
+    with torch.no_grad():
+        model.load_state_dict(w1)
+        h1 = model.features(x)
+    r0 = {k: v.clone().requires_grad_(True) for k, v in state["relation"].items()}
+    pairs = torch.cat(
+        [h1.repeat_interleave(k_all, 0), anchors.repeat(len(x), 1)], dim=1
+    )  # row s * K + j: (h_s, A_j)
+    hidden = torch.relu(pairs @ r0["fc.0.weight"].T + r0["fc.0.bias"])
+    score = torch.sigmoid(hidden @ r0["fc.2.weight"].T + r0["fc.2.bias"]).view(len(x), k_all)
+    target = (y[:, None] == torch.arange(k_all)[None, :]).float()
+    rel_loss = ((score - target) ** 2).sum()
+    rel_grads = dict(zip(r0, torch.autograd.grad(rel_loss, list(r0.values())), strict=True))
+    for k, v in state["relation"].items():
+        want = v - rel_lr * rel_grads[k]
+        assert torch.allclose(new["relation"][k], want, atol=1e-6), k
+        assert not torch.allclose(want, v, atol=1e-4), k  # the step is not negligible

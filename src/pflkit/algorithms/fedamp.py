@@ -53,9 +53,19 @@ Deviations and guards:
   so this bound keeps every xi_ii >= 0 (u_i a convex combination); beyond it xi_ii can turn
   negative and u_i extrapolates (PFLlib's FedAMP lets that happen).
 - The step size alpha_k is a constant (the paper allows a schedule alpha_k).
-- PFLlib's FedAMP mixes only the models uploaded in the previous round and adds
-  (lam / (2 alpha_k)) ||w - u|| (the norm, not its square) to the loss; here every client's
-  stored model is mixed and the penalty is the paper's squared norm.
+- PFLlib's FedAMP (TsingZ0/PFLlib, ``system/flcore/clients/clientamp.py`` and
+  ``system/flcore/servers/serveramp.py``) trains differently. Its client adds
+  ``0.5 * lamda / alphaK * torch.norm(gm - pm, p=2)`` (the norm, not its square) to the
+  cross-entropy, but builds ``gm`` and ``pm`` from the ``p.data`` of its model and of its cloud
+  model ``client_u`` (clientamp.py ``train``, lines 40-42): tensors autograd does not track, so
+  the term is a constant with zero gradient. PFLlib's clients therefore train their own model
+  on cross-entropy alone (the term only raises the reported loss), and u_i reaches neither the
+  training nor the scored model: ``lam: 0`` here is PFLlib's client step. Its server builds
+  u_i = sum_j xi_ij w_j + xi_ii w_i (serveramp.py ``send_models``, lines 75-103; clientamp.py
+  ``set_parameters``, lines 57-59) from the models uploaded in the previous round only (none
+  before the first upload) and the client's own current model; here every client's stored
+  model is mixed, and the pull (lam / alpha_k)(w - u_i), the gradient of the paper's squared
+  penalty, is applied.
 """
 
 from __future__ import annotations
