@@ -71,6 +71,80 @@ CASES: dict[str, Case] = {
             "The authors' code forms (L_mlg as a batch Frobenius norm, mu as weight decay, the "
             "condition from the local previous round) with run_me.sh's lambda 0.01, mu 0.1.",
         ),
+        Case(
+            "perfedavg",
+            "pfllib",
+            "PerAvg",
+            (),
+            {"name": "perfedavg", "weighting": "samples"},
+            "alpha = beta = lr (clientperavg.py: beta is the learning rate, -bt is ignored); "
+            "PFLlib trains every selected client twice a round (serverperavg.py lines 35-36), "
+            "hence two local epochs in pflkit; uploads weighted by samples (serverbase.py).",
+            {"train": {"local_epochs": 2}},
+        ),
+        Case(
+            "pfedme",
+            "pfllib",
+            "pFedMe",
+            ("-lam", "15", "-lrp", "0.01", "-K", "5", "-bt", "1"),
+            {
+                "name": "pfedme",
+                "lam": 15.0,
+                "personal_lr": 0.01,
+                "inner_steps": 5,
+                "beta": 1.0,
+                "weighting": "samples",
+            },
+            "lambda 15, K 5, beta 1 (pFedMe's code), personal lr 0.01 (PFLlib's -lrp, as the "
+            "GPFL config). Known differences: PFLlib's inner step adds 0.001 theta "
+            "(fedoptimizer.py) and its 'personalized' accuracy scores the global model "
+            "(clientpFedMe.py lines 56-77).",
+        ),
+        Case(
+            "scaffold",
+            "pfllib",
+            "SCAFFOLD",
+            ("-slr", "1.0"),
+            {"name": "scaffold", "eta_g": 1.0, "weighting": "uniform", "control_scale": "paper"},
+            "Server lr 1 (-slr), model deltas averaged over the round's clients, control variates "
+            "by |S|/N (serverscaffold.py lines 129-131); PFLlib scores the global model.",
+        ),
+        Case(
+            "moon",
+            "pfllib",
+            "MOON",
+            ("-mu", "1", "-tau", "0.5"),
+            {"name": "moon", "mu": 1.0, "tau": 0.5},
+            "mu 1 and tau 0.5 on both sides (pflkit's defaults, MOON's paper; PFLlib's -mu "
+            "default 0 is FedAvg). Known difference: PFLlib's previous model starts as the "
+            "initial model (clientmoon.py line 17).",
+        ),
+        Case(
+            "fedproto",
+            "pfllib",
+            "FedProto",
+            ("-lam", "1"),
+            {
+                "name": "fedproto",
+                "lam": 1.0,
+                "reg": "sample_mse",
+                "proto_timing": "running",
+                "proto_agg": "uniform",
+                "inference": "prototype",
+            },
+            "PFLlib's code forms: per-sample MSE to the global prototypes, prototypes collected "
+            "while training, their plain mean on the server, nearest-prototype inference "
+            "(clientproto.py lines 46-67, 101-131; serverproto.py lines 107-122).",
+        ),
+        Case(
+            "fedamp",
+            "pfllib",
+            "FedAMP",
+            ("-lam", "1", "-alk", "1"),
+            {"name": "fedamp", "lam": 0.0},
+            "PFLlib's penalty is built from p.data (clientamp.py lines 40-42) and has no "
+            "gradient, so its clients train on cross-entropy alone: pflkit's lam 0 is that run.",
+        ),
         # FL-bench (pFedSim's Table 3 ran its baselines there): config fmnist_dir01_xc.yaml
         Case("fedavg-flbench", "flbench", "fedavg", (), {"name": "fedavg"}, f"{_FLB} defaults."),
         Case("fedper-flbench", "flbench", "fedper", (), {"name": "fedper"}, f"{_FLB} defaults."),
