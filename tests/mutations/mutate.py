@@ -6,7 +6,7 @@ each break the harness copies ``src/`` to a temporary folder, applies the break 
 (its ``old`` text must occur exactly once in the file), and runs the break's tests with the copy
 first on ``PYTHONPATH``; ``tests/conftest.py`` then refuses to run unless ``pflkit`` was
 imported from that copy (``PFLKIT_MUTANT``), so the installed pflkit is never what is tested.
-The working tree is never touched. Before any break, the same tests run once on an unbroken
+The working tree is never touched. Before any break, every listed test runs once on an unbroken
 copy: a break only counts as caught by tests that pass without it.
 
     python tests/mutations/mutate.py                 # every break; a markdown table
@@ -71,15 +71,19 @@ def load_breaks() -> list[Break]:
     return out
 
 
-def _pytest(tests: tuple[str, ...], src_root: Path) -> tuple[bool, list[str]]:
-    """Run ``tests`` against the pflkit under ``src_root``: (passed, names of failed tests)."""
+def _pytest(
+    tests: tuple[str, ...], src_root: Path, stop_first: bool = True
+) -> tuple[bool, list[str]]:
+    """Run ``tests`` against the pflkit under ``src_root``: (passed, names of failed tests;
+    with ``stop_first``, only the first)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(src_root), os.environ.get("PYTHONPATH", "")]),
         "PFLKIT_MUTANT": str(src_root / "pflkit"),
         "OMP_NUM_THREADS": "1",
     }
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    cmd += ["-x"] if stop_first else []
     r = subprocess.run(
         [*cmd, *tests], cwd=ROOT, env=env, capture_output=True, text=True, check=False
     )
@@ -113,9 +117,9 @@ def run_break(b: Break) -> list[str]:
 
 
 def baseline(tests: tuple[str, ...]) -> list[str]:
-    """The tests that fail on an unbroken copy of src/ (should be none)."""
+    """The tests that fail on an unbroken copy of src/ (should be none), in one session."""
     with tempfile.TemporaryDirectory(prefix="pflkit-clean-") as tmp:
-        return _pytest(tests, _copy_src(Path(tmp)))[1]
+        return _pytest(tests, _copy_src(Path(tmp)), stop_first=False)[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,15 +148,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{b.algorithm}\t{b.name}\t{b.file}\t{' '.join(b.tests)}")
         return 0
 
-    ok = True
-    test_sets = sorted({b.tests for b in breaks})
+    every_test = tuple(sorted({t for b in breaks for t in b.tests}))
+    if failed := baseline(every_test):
+        print(f"error: these tests fail without any break: {', '.join(failed)}")
+        return 1
     with ThreadPoolExecutor(args.jobs) as pool:
-        for tests, failed in zip(test_sets, pool.map(baseline, test_sets), strict=True):
-            if failed:
-                ok = False
-                print(f"error: {' '.join(tests)} fail without any break: {', '.join(failed)}")
-        if not ok:
-            return 1
         print("| algorithm | break | caught by |\n|---|---|---|", flush=True)
         caught = 0
         for b, failed in zip(breaks, pool.map(run_break, breaks), strict=True):
