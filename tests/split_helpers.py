@@ -1,5 +1,5 @@
-"""Helpers for tests/test_gpfl.py and tests/test_model_split.py: a one-client federation built
-from given tensors, and numpy softmax regression (independent of torch's autograd)."""
+"""Helpers for the by-value algorithm tests: a federation (or one client) built from given
+tensors, and numpy softmax regression (independent of torch's autograd)."""
 
 from __future__ import annotations
 
@@ -12,24 +12,34 @@ from pflkit.config import validate
 from pflkit.data.federated import ClientData, FederatedDataset
 
 
-def one_client(algo: dict, x: torch.Tensor, y: torch.Tensor, classes: int, hidden=(), **train):
-    """(algorithm, server env, client env) for one client whose train and test sets are
-    (x, y); model: mlp with ``hidden`` (``()``: softmax regression, body = flatten)."""
+def federation(algo: dict, clients, classes: int, model: str = "mlp", hidden=(), **train):
+    """(algorithm, server env, client envs) for clients whose train and test sets are the given
+    (x, y) pairs; model ``mlp`` with ``hidden`` (``()``: softmax regression, body = flatten)
+    or another registered model without options; full-batch SGD at lr 0.1 unless ``train``
+    says otherwise."""
+    options = {"hidden": list(hidden)} if model == "mlp" else {}
     cfg = validate(
         tiny_config(
             algorithm=algo,
-            model={"name": "mlp", "options": {"hidden": list(hidden)}},
-            train={"batch_size": len(y), "lr": 0.1, **train},
+            model={"name": model, "options": options},
+            train={"batch_size": max(len(y) for _, y in clients), "lr": 0.1, **train},
         )
     )
-    n = len(y)
+    x0, y0 = clients[0]
     data = FederatedDataset(
-        name="hand", clients=[ClientData(x, y, x, y)], test_x=x, test_y=y, num_classes=classes,
-        input_shape=tuple(x.shape[1:]), partition_id="hand",
-        train_indices=[np.arange(n)], test_indices=[np.arange(n)],
+        name="hand", clients=[ClientData(x, y, x, y) for x, y in clients], test_x=x0, test_y=y0,
+        num_classes=classes, input_shape=tuple(x0.shape[1:]), partition_id="hand",
+        train_indices=[np.arange(len(y)) for _, y in clients],
+        test_indices=[np.arange(len(y)) for _, y in clients],
     )  # fmt: skip
     senv, cenvs = make_envs(cfg, data)
-    return build_algorithm(cfg.algorithm), senv, cenvs[0]
+    return build_algorithm(cfg.algorithm), senv, cenvs
+
+
+def one_client(algo: dict, x: torch.Tensor, y: torch.Tensor, classes: int, hidden=(), **train):
+    """(algorithm, server env, client env) of a :func:`federation` of one client."""
+    algo, senv, cenvs = federation(algo, [(x, y)], classes, hidden=hidden, **train)
+    return algo, senv, cenvs[0]
 
 
 def np_softmax(z: np.ndarray) -> np.ndarray:

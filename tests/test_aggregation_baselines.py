@@ -16,6 +16,7 @@ from pflkit.algorithms.feddyn import feddyn_server_update
 from pflkit.algorithms.fedfomo import fomo_combine, fomo_weights
 from pflkit.config import validate
 from pflkit.engine import Simulation
+from split_helpers import federation
 
 
 def bn_config(name: str, **train):
@@ -261,32 +262,6 @@ def bn_model(monkeypatch):
     from pflkit.models.base import ModelInfo
 
     monkeypatch.setitem(MODELS, "bn_mlp", ModelInfo("bn_mlp", "test: MLP with BatchNorm", bn_mlp))
-
-
-def federation(algo: dict, clients, classes: int, model: str = "mlp", **train):
-    """(algorithm, server env, client envs) for clients whose train (and test) sets are the given
-    (x, y); model ``bn_mlp`` or softmax regression (``mlp`` without hidden layers); full-batch
-    SGD at lr 0.1 unless ``train`` says otherwise."""
-    from pflkit.algorithms import build_algorithm, make_envs
-    from pflkit.data.federated import ClientData, FederatedDataset
-
-    options = {"hidden": []} if model == "mlp" else {}
-    cfg = validate(
-        tiny_config(
-            algorithm=algo,
-            model={"name": model, "options": options},
-            train={"batch_size": 1000, "lr": 0.1, **train},
-        )
-    )
-    x0, y0 = clients[0]
-    data = FederatedDataset(
-        name="hand", clients=[ClientData(x, y, x, y) for x, y in clients], test_x=x0, test_y=y0,
-        num_classes=classes, input_shape=tuple(x0.shape[1:]), partition_id="hand",
-        train_indices=[np.arange(len(y)) for _, y in clients],
-        test_indices=[np.arange(len(y)) for _, y in clients],
-    )  # fmt: skip
-    senv, cenvs = make_envs(cfg, data)
-    return build_algorithm(cfg.algorithm), senv, cenvs
 
 
 X = torch.tensor([[1.0, 2.0], [-1.0, 0.5], [0.0, -1.0], [2.0, 1.0]])

@@ -12,34 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_config
-from pflkit.algorithms import build_algorithm, make_envs
-from pflkit.config import validate
-from pflkit.data.federated import ClientData, FederatedDataset
+from split_helpers import federation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def federation(algo: dict, clients: list[tuple[torch.Tensor, torch.Tensor]], classes: int, **train):
-    """(algorithm, server env, client envs) for clients whose train (and test) sets are the
-    given tensors; model: softmax regression (``mlp`` without hidden layers: body = flatten,
-    head = Linear(d, C)); full-batch SGD at lr 0.1 unless ``train`` says otherwise."""
-    cfg = validate(
-        tiny_config(
-            algorithm=algo,
-            model={"name": "mlp", "options": {"hidden": []}},
-            train={"batch_size": 1000, "lr": 0.1, **train},
-        )
-    )
-    x0, y0 = clients[0]
-    data = FederatedDataset(
-        name="hand", clients=[ClientData(x, y, x, y) for x, y in clients], test_x=x0, test_y=y0,
-        num_classes=classes, input_shape=tuple(x0.shape[1:]), partition_id="hand",
-        train_indices=[np.arange(len(y)) for _, y in clients],
-        test_indices=[np.arange(len(y)) for _, y in clients],
-    )  # fmt: skip
-    senv, cenvs = make_envs(cfg, data)
-    return build_algorithm(cfg.algorithm), senv, cenvs
 
 
 def one_sample_clients(n: int):
