@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         for b, failed in zip(breaks, pool.map(run_break, breaks), strict=True):
             caught += bool(failed)
             verdict = ", ".join(failed) if failed else "**NOT CAUGHT**"
-            print(f"| {b.algorithm} | {b.name} | {verdict} |", flush=True)
+            name = b.name.replace("|", "\\|")  # a markdown cell
+            print(f"| {b.algorithm} | {name} | {verdict} |", flush=True)
     print(f"\n{caught} of {len(breaks)} breaks caught")
     return 0 if caught == len(breaks) else 1
 
