@@ -39,11 +39,15 @@ Best accuracy.
 Averaged Test Accuracy: 0.1500
 -------------Round number: 1-------------
 Averaged Test Accuracy: 0.2500
+============= Running time: 2th =============
+-------------Round number: 0-------------
+Evaluate personalized model
+Average Test Accuracy: 0.3500
 """
 
 
 def test_pfllib_log_gives_one_curve_per_repetition_with_the_last_accuracy_of_a_round(xc):
-    assert xc.parse_pfllib(PFLLIB_LOG) == [{0: 0.1, 1: 0.3}, {0: 0.15, 1: 0.25}]
+    assert xc.parse_pfllib(PFLLIB_LOG) == [{0: 0.1, 1: 0.3}, {0: 0.15, 1: 0.25}, {0: 0.35}]
 
 
 def test_verdict_is_welch_two_standard_errors(xc):

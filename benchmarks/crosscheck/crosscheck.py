@@ -81,7 +81,8 @@ def pfllib_command(case: Case, cfg: dict, name: str, seeds: int) -> list[str]:
 
 _ROUND = re.compile(r"-+Round number: (\d+)-+")
 _REPEAT = re.compile(r"Running time: (\d+)th")
-_ACC = re.compile(r"Averaged Test Accuracy: ([0-9.]+)")
+# "Averaged" from serverbase.evaluate, "Average" from print_ (pFedMe's evaluate_personalized)
+_ACC = re.compile(r"Averaged? Test Accuracy: ([0-9.]+)")
 
 
 def parse_pfllib(text: str) -> list[dict[int, float]]:
