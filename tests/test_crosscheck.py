@@ -116,3 +116,45 @@ def test_a_case_with_other_settings_reaches_the_pflkit_config(xc, tmp_path, monk
     assert got["train"] == {"lr": 0.01, "rounds": 2, "grad_clip": 10.0}
     assert got["algorithm"] == {"name": "feddyn", "alpha": 0.1, "weighting": "samples"}
     assert got["compare"]["algorithms"] == [got["algorithm"]] and got["compare"]["seeds"] == [0, 1]
+
+
+FLBENCH_LOG = """
+==================== FedAvg Experiment Results: ====================
+{
+    "1": {
+        "all_clients": {
+            "test": {
+                "loss": "2.2667 -> 0.0000",
+                "accuracy": "20.25% -> 0.00%"
+            }
+        }
+    },
+    "2": {
+        "all_clients": {
+            "test": {
+                "loss": "2.2168 -> 0.0000",
+                "accuracy": "18.78% -> 0.00%"
+            }
+        }
+    }
+}
+(test) before fine-tuning: 20.25% at epoch 1
+"""
+
+
+def test_flbench_log_gives_the_accuracy_before_fine_tuning_per_round(xc):
+    assert xc.parse_flbench(FLBENCH_LOG) == pytest.approx({1: 0.2025, 2: 0.1878})
+
+
+def test_flbench_command_maps_the_shared_settings(xc):
+    import yaml
+
+    cfg = yaml.safe_load((HERE / "fmnist_dir01_xc.yaml").read_text())
+    cmd = xc.flbench_command(xc.CASES["pfedsim"], cfg, 2)
+    for arg in ("method=pfedsim", "model.name=lenet5", "common.seed=2", "common.join_ratio=0.1",
+                "common.global_epoch=100", "common.local_epoch=5", "common.batch_size=32",
+                "optimizer.lr=0.01", "pfedsim.warmup_round=0.5"):  # fmt: skip
+        assert arg in cmd
+    cfg["model"]["options"] = {}
+    with pytest.raises(xc.Usage, match="fc_relu"):
+        xc.flbench_command(xc.CASES["pfedsim"], cfg, 0)
