@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pflkit.algorithms.blocks.training import crop_flip, local_optim, local_sgd
+from pflkit.algorithms.blocks.training import crop_flip, local_optim, local_sgd, steps_per_epoch
 from pflkit.config import lr_factor
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -165,3 +165,48 @@ def test_augmenting_non_images_is_refused(tiny):
     cfg = tiny(data={"dataset": "synthetic"}, train={"augment": "crop_flip"})
     with pytest.raises(PflkitError, match="needs images"):
         Simulation(cfg)
+
+
+def _batch_sizes(n: int, batch_size: int, epochs: int, **optim) -> list[int]:
+    seen: list[int] = []
+
+    def loss_fn(m, xb, yb):
+        seen.append(len(yb))
+        return nn.functional.cross_entropy(m(xb), yb)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(n, 3), torch.arange(n) % 2
+    with local_optim("sgd", **optim):
+        local_sgd(
+            nn.Linear(3, 2), x, y, epochs=epochs, batch_size=batch_size, lr=0.1, loss_fn=loss_fn
+        )
+        assert steps_per_epoch(n, batch_size) * epochs == len(seen)
+    return seen
+
+
+def test_drop_last_skips_each_epochs_short_batch():
+    """25 samples in batches of 10: 10, 10, 5 each epoch by default; 10, 10 with drop_last
+    (PFLlib's DataLoader); a client smaller than a batch still takes one step on all of it."""
+    assert _batch_sizes(25, 10, 2) == [10, 10, 5, 10, 10, 5]
+    assert _batch_sizes(25, 10, 2, drop_last=True) == [10, 10, 10, 10]
+    assert _batch_sizes(20, 10, 1, drop_last=True) == [10, 10]
+    assert _batch_sizes(5, 10, 2, drop_last=True) == [5, 5]
+
+
+def test_the_engine_applies_train_drop_last(tiny, monkeypatch):
+    """train.drop_last reaches the local_sgd calls of a round (the engine's round context)."""
+    from pflkit.algorithms import env as env_module
+    from pflkit.algorithms.blocks import training
+
+    seen = []
+
+    def recording(*a, **kw):
+        seen.append(training._LOCAL_OPTIM.get().drop_last)
+        return local_sgd(*a, **kw)
+
+    monkeypatch.setattr(env_module, "local_sgd", recording)
+    for drop in (False, True):
+        with Simulation(tiny(train={"rounds": 1, "drop_last": drop})) as sim:
+            sim.run_round(1)
+        assert seen and set(seen) == {drop}
+        seen.clear()

@@ -366,6 +366,12 @@ def summary_row(case: Case, ref, ours, last: int, secs) -> dict:
     }
 
 
+def load_reference(path: Path) -> tuple[list[dict[int, float]], float]:
+    """The reference curves and seconds that an interrupted cross-check kept in ``path``."""
+    kept = json.loads(path.read_text())
+    return [{int(r): a for r, a in c.items()} for c in kept["curves"]], kept["seconds"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, help="one config for every case (default: CONFIGS)")
@@ -428,9 +434,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cfg_path = args.config or CONFIGS[case.library]
             cfg = yaml.safe_load(cfg_path.read_text())
-            ref, t_ref = runners[case.library](
-                case, cfg_path, cfg, refs[case.library], args.python, args.out, args.seeds
-            )
+            kept = args.out / f"{key}-reference.json"  # the reference side, once finished
+            if kept.exists():
+                ref, t_ref = load_reference(kept)
+                print(f"{key}: the reference side is kept in {kept}", flush=True)
+            else:
+                ref, t_ref = runners[case.library](
+                    case, cfg_path, cfg, refs[case.library], args.python, args.out, args.seeds
+                )
+                kept.write_text(json.dumps({"curves": ref, "seconds": t_ref}))
             ours, t_ours = run_pflkit(case, cfg, args.out, args.seeds)
             print(table(case, ref, ours, args.last, (t_ref, t_ours)), flush=True)
             row = summary_row(case, ref, ours, args.last, (t_ref, t_ours))

@@ -179,6 +179,9 @@ class TrainConfig(_Section):
     # zero-padding by crop_padding pixels, plus horizontal flip (FedProto's, pFedSim's CIFAR)
     augment: Literal["none", "crop_flip"] = "none"
     crop_padding: int = Field(4, ge=0, le=64)
+    # drop each local epoch's last, incomplete mini-batch (PFLlib's DataLoader drop_last=True);
+    # a client with fewer samples than a batch still takes one step on all of them
+    drop_last: bool = False
     # clip each local step's gradient to this L2 norm (off by default; the MAP code uses 100)
     grad_clip: float | None = Field(None, gt=0)
     # the server's averaging rule for every algorithm that averages client models (those with a

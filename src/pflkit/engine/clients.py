@@ -84,10 +84,11 @@ def init_client(algo: Algorithm, env: ClientEnv, seed: int) -> State:
 
 
 def round_optim(env: ClientEnv, rnd: int):
-    """The local optimiser and learning-rate factor of round ``rnd`` (``train.optimizer``,
-    ``train.lr_schedule``) for every local_sgd call inside the block."""
+    """The local optimiser, learning-rate factor and batching of round ``rnd``
+    (``train.optimizer``, ``train.lr_schedule``, ``train.drop_last``) for every local_sgd call
+    inside the block."""
     t = env.run.train
-    return local_optim(t.optimizer, lr_factor(t, rnd))
+    return local_optim(t.optimizer, lr_factor(t, rnd), t.drop_last)
 
 
 def train_client(

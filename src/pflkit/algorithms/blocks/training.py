@@ -62,17 +62,20 @@ class LocalOptim:
 
     name: str = "sgd"  # sgd | adam | adamw (train.optimizer)
     lr_scale: float = 1.0  # the round's learning-rate schedule factor (config.lr_factor)
+    drop_last: bool = False  # epochs skip their last, incomplete batch (train.drop_last)
 
 
 _LOCAL_OPTIM: ContextVar[LocalOptim] = ContextVar("local_optim", default=LocalOptim())  # noqa: B039 (frozen)
 
 
 @contextmanager
-def local_optim(name: str, lr_scale: float = 1.0) -> Iterator[None]:
-    """Within the block, every :func:`local_sgd` call uses optimiser ``name`` and multiplies its
-    ``lr`` by ``lr_scale``. The engine wraps each client's round in it (``train.optimizer``,
-    ``train.lr_schedule``), so algorithms need no code for either."""
-    token = _LOCAL_OPTIM.set(LocalOptim(name, lr_scale))
+def local_optim(name: str, lr_scale: float = 1.0, drop_last: bool = False) -> Iterator[None]:
+    """Within the block, every :func:`local_sgd` call uses optimiser ``name``, multiplies its
+    ``lr`` by ``lr_scale`` and, with ``drop_last``, skips each epoch's incomplete last batch
+    (:func:`steps_per_epoch` counts accordingly). The engine wraps each client's round in it
+    (``train.optimizer``, ``train.lr_schedule``, ``train.drop_last``), so algorithms need no
+    code for any of them."""
+    token = _LOCAL_OPTIM.set(LocalOptim(name, lr_scale, drop_last))
     try:
         yield
     finally:
@@ -179,11 +182,13 @@ def local_sgd(
         steps = epochs * steps_per_epoch(n, batch_size)
     total = torch.zeros((), device=x.device)
     done = 0
+    # the last batch's start: with drop_last only full batches (one short one when n < batch)
+    end = n - batch_size + 1 if _LOCAL_OPTIM.get().drop_last and n >= batch_size else n
     with frozen_except(model, params):
         while done < steps:
             # drawn on the CPU whatever the device, so a seed gives the same batches everywhere
             perm = torch.randperm(n, device="cpu").to(x.device)
-            for i in range(0, n, batch_size):
+            for i in range(0, end, batch_size):
                 if done == steps:
                     break
                 idx = perm[i : i + batch_size]
@@ -237,6 +242,10 @@ def proximal_pull(anchors: Sequence[tuple[Tensor, Tensor]], mu: float) -> GradHo
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
+    """Mini-batches in one epoch of ``n`` samples: ceil(n / batch_size), or, inside
+    ``local_optim(..., drop_last=True)``, the full batches only (at least one)."""
+    if _LOCAL_OPTIM.get().drop_last:
+        return max(n // batch_size, 1)
     return -(-n // batch_size)
 
 
