@@ -26,7 +26,8 @@ The verdict was fixed before any result was seen (for MAP, 2026-11-23; the same 
 Delta = method - reference on the mean over the last rounds, paired by seed (same partition, same
 client sampling). "reproduced": same sign as the paper's Delta and |mean Delta| > its std over
 seeds; "same direction, within noise": same sign, not larger than the std; "reversed": opposite
-sign and larger than the std; "not resolved": otherwise; "–" with fewer than 2 paired seeds. Also
+sign and larger than the std; "not reproduced": otherwise (opposite sign, within noise); "–"
+with fewer than 2 paired seeds (``ranking_verdict``; benchmarks/claims.py applies it too). Also
 printed: both orders of the methods and Spearman's rank correlation of the whole column.
 ``--json`` writes every number per method and seed. ``--by-round`` adds, per metric, the
 reference method against the best other method at every evaluated round (each method's mean
@@ -360,13 +361,20 @@ def _verdict(runs, label: str, ref: str | None, key: str, col: Column, i: int):
         return "–", "–", pcell
     m, sd = float(np.mean(d)), float(np.std(d))
     cell = f"{m:+.1f} ± {sd:.1f} (n={len(d)})" if len(d) > 1 else f"{m:+.1f} (n=1)"
-    if len(d) < 2 or not known:
-        return cell, "–", pcell
-    if np.sign(m) == np.sign(pd):
-        verdict = "reproduced" if abs(m) > sd else "same direction, within noise"
-    else:
-        verdict = "reversed" if abs(m) > sd else "not resolved"
-    return cell, verdict, pcell
+    return cell, ranking_verdict(d, pd) if known else "–", pcell
+
+
+def ranking_verdict(d: list[float], paper_delta: float) -> str:
+    """The verdict on paired per-seed Deltas ``d`` (method - reference) against the paper's
+    Delta: "reproduced" (the paper's sign and |mean| > std), "same direction, within noise",
+    "reversed" (opposite sign, |mean| > std), "not reproduced" (otherwise); "–" with fewer
+    than 2 seeds."""
+    if len(d) < 2:
+        return "–"
+    m, sd = float(np.mean(d)), float(np.std(d))
+    if np.sign(m) == np.sign(paper_delta):
+        return "reproduced" if abs(m) > sd else "same direction, within noise"
+    return "reversed" if abs(m) > sd else "not reproduced"
 
 
 def _spearman(a: list[float], b: list[float]) -> float:

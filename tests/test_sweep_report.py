@@ -335,7 +335,7 @@ def test_paper_table_verdicts_by_hand(tmp_path):
     run("ktpfl_homo(temperature=1.0)", (0.80, 0.82, 0.84))
     run("fedavg", (0.70, 0.73, 0.75))  # Delta -10, -9, -9: mean -9.33, std 0.47: reproduced
     run("pfedhn", (0.85, 0.86, 0.88))  # +5, +4, +4: opposite sign, beyond the std: reversed
-    run("fedamp", (0.81, 0.83, 0.83))  # +1, +1, -1: mean +0.33 < std 0.94: not resolved
+    run("fedamp", (0.81, 0.83, 0.83))  # +1, +1, -1: mean +0.33 < std 0.94: not reproduced
     run("perfedavg", (0.79, 0.83, 0.83))  # -1, +1, -1: mean -0.33 < std 0.94: within noise
     out = subprocess.run(
         [sys.executable, str(PAPER_TABLE), "ktpfl/fmnist20", str(tmp_path)],
@@ -346,7 +346,7 @@ def test_paper_table_verdicts_by_hand(tmp_path):
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
     assert rows["fedavg"][5:8] == ["-9.3 ± 0.5 (n=3)", "-13.2", "reproduced |"]
     assert rows["pfedhn"][5:8] == ["+4.3 ± 0.5 (n=3)", "-1.7", "reversed |"]
-    assert rows["fedamp"][7] == "not resolved |"
+    assert rows["fedamp"][7] == "not reproduced |"
     assert rows["perfedavg"][7] == "same direction, within noise |"
     assert rows["ktpfl_homo(temperature=1.0)"][1:5] == ["3", "82.0 ± 1.6", "82.0 ± 1.6", "93.93"]
     assert "ours (mean of last rounds): pfedhn > fedamp > ktpfl_homo > perfedavg > fedavg\n" in out

@@ -229,6 +229,12 @@ class EvalConfig(_Section):
     # MAP's personalization protocol: also score the round's selected clients with their model
     # right after local training (metric pers_acc_selected, unweighted mean)
     selected_clients: bool = False
+    # score every client's personalized model (the global one where it has none) after this
+    # many epochs of plain local SGD with cross-entropy on its training split, on a copy that
+    # is then thrown away (training is unchanged; global_acc is not fine-tuned): FedProto's
+    # code scores clients so (LocalTest.fine_tune, --ft_round 10). Costs K local epochs per
+    # client per evaluation (pflkit.engine.clients.evaluate_client)
+    finetune_epochs: int = Field(0, ge=0)
 
 
 class EngineConfig(_Section):

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from pflkit.algorithms import Algorithm, build_algorithm, make_envs
 from pflkit.algorithms.base import Payload, State, Update, Upload
@@ -39,7 +40,7 @@ from pflkit.algorithms.blocks.training import local_optim
 from pflkit.algorithms.env import ClientEnv
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device, validate
 from pflkit.errors import PflkitError
-from pflkit.eval.evaluate import accuracy
+from pflkit.eval.evaluate import accuracy, finetuned
 
 if TYPE_CHECKING:
     from pflkit.data.federated import FederatedDataset
@@ -149,14 +150,18 @@ def evaluate_client(
     state: State,
     batch_size: int,
     upload: Upload | None = None,
+    finetune_epochs: int = 0,
 ) -> dict[str, float]:
     """The client's accuracy on its local test split (``"test"``) and, when it has one
     (``data.val_fraction``), on its local validation split (``"val"``): one set of weights,
     its personalized model (``personal_weights``) or with ``upload`` MAP's protocol
     (``trained_weights``), scored on both by the algorithm's
     :meth:`~pflkit.algorithms.Algorithm.scoring_model` (default: the client's model). A client
-    whose personalized model is the global model is scored with ``view["weights"]``."""
-    seed_eval(seed, rnd, env.cid, selected=upload is not None)
+    whose personalized model is the global model is scored with ``view["weights"]``. With
+    ``finetune_epochs`` (``eval.finetune_epochs``) > 0 both are scored on a copy of that model
+    fine-tuned on the client's training split (:func:`finetune_for_eval`)."""
+    selected = upload is not None
+    seed_eval(seed, rnd, env.cid, selected)
     with round_optim(env, rnd):  # personal_weights may train (FedAvg-FT's fine-tuning)
         if upload is not None:
             weights = algo.trained_weights(env, view, upload, state)
@@ -169,10 +174,27 @@ def evaluate_client(
                 )
             weights = view["weights"]
     model, d = algo.scoring_model(env, weights), env.data
+    if finetune_epochs:
+        model = finetune_for_eval(model, env, seed, rnd, finetune_epochs, selected)
     acc = {"test": accuracy(model, d.test_x, d.test_y, batch_size)}
     if d.val_y is not None:
         acc["val"] = accuracy(model, d.val_x, d.val_y, batch_size)
     return acc
+
+
+def finetune_for_eval(
+    model: nn.Module, env: ClientEnv, seed: int, rnd: int, epochs: int, selected: bool = False
+) -> nn.Module:
+    """A copy of the scoring ``model`` fine-tuned for ``epochs`` epochs on the client's
+    training split (:func:`~pflkit.eval.evaluate.finetuned`) with the round's optimiser, lr
+    factor and drop_last (:func:`round_optim`), its batches drawn from a stream of its own,
+    seeded by (seed, round, client), inside ``fork_rng``: torch's global RNG state is the same
+    afterwards, and the client's state and the server model never see the copy."""
+    devices = [env.device] if env.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), round_optim(env, rnd):
+        seed_torch(seed, rnd, 0xF5 if selected else 0xF7, env.cid)
+        d = env.data
+        return finetuned(model, d.train_x, d.train_y, env.run.train, epochs)
 
 
 # -- runners --------------------------------------------------------------------------------------------
@@ -256,6 +278,7 @@ class InProcess(ClientRunner):
                 sim.client_state(cid),
                 sim.cfg.eval.batch_size,
                 upload=None if uploads is None else uploads[cid],
+                finetune_epochs=sim.cfg.eval.finetune_epochs,
             )
             for cid, view in views.items()
         }
@@ -287,8 +310,9 @@ def _worker_job(blob: bytes) -> bytes:
             result: Any = None if update is None else tuple(update)
         else:
             rnd, view, state, upload = args
+            e = cfg.eval
             result = evaluate_client(
-                algo, env, cfg.seed, rnd, view, state, cfg.eval.batch_size, upload
+                algo, env, cfg.seed, rnd, view, state, e.batch_size, upload, e.finetune_epochs
             )
         return pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
     except PflkitError as err:

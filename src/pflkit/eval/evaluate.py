@@ -14,18 +14,26 @@
 
 Each model is evaluated forward-only, in large batches. A client's own evaluation is
 :func:`pflkit.engine.clients.evaluate_client`, which every runner executes where the client
-runs (a client whose personalized model is the global model scores the global model).
+runs (a client whose personalized model is the global model scores the global model). With
+``eval.finetune_epochs`` K > 0 it scores :func:`finetuned`: a copy of that model after K local
+epochs on the client's training split (both the test and the validation numbers; the global
+model's ``global_acc`` and ``val_global_acc`` are not fine-tuned).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import Tensor, nn
 
-from pflkit.algorithms.blocks.training import accuracy_and_loss, predict, set_weights
+from pflkit.algorithms.blocks.training import accuracy_and_loss, local_sgd, predict, set_weights
+
+if TYPE_CHECKING:
+    from pflkit.config import TrainConfig
 
 
 def summarize_clients(acc: np.ndarray, counts: np.ndarray) -> dict[str, float]:
@@ -54,6 +62,26 @@ def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> float:
     """The share of ``(x, y)`` that ``model`` classifies right (0 for an empty split)."""
     hits = int((predict(model, x, batch_size).argmax(1) == y).sum())
     return hits / max(len(y), 1)
+
+
+def finetuned(model: nn.Module, x: Tensor, y: Tensor, train: TrainConfig, epochs: int) -> nn.Module:
+    """A copy of ``model`` trained for ``epochs`` epochs of plain local SGD with cross-entropy
+    on ``(x, y)`` at ``train``'s lr, batch size, momentum and weight decay (``local_sgd``: the
+    optimiser, lr factor and drop_last of the enclosing ``local_optim``); ``model`` itself is
+    not touched. ``eval.finetune_epochs``, after FedProto's code (lib/update.py,
+    ``LocalTest.fine_tune``: ``--ft_round`` epochs on the client's data before scoring)."""
+    tuned = copy.deepcopy(model)
+    local_sgd(
+        tuned,
+        x,
+        y,
+        epochs=epochs,
+        batch_size=train.batch_size,
+        lr=train.lr,
+        momentum=train.momentum,
+        
+    )
+    return tuned
 
 
 def global_val_metrics(

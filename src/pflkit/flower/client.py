@@ -137,8 +137,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     upload = (
         codec.get(context.state, f"upload.{cid}", device=w.envs[cid].device) if selected else None
     )
+    e = w.cfg.eval
     acc = evaluate_client(
-        w.algo, w.envs[cid], w.cfg.seed, rnd, view, state, w.cfg.eval.batch_size, upload
+        w.algo, w.envs[cid], w.cfg.seed, rnd, view, state, e.batch_size, upload, e.finetune_epochs
     )
     return _reply(msg, accuracy=acc)  # {"test": ..., "val": ...}: split -> accuracy
 
