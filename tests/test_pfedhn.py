@@ -89,6 +89,19 @@ def test_payload_is_the_generated_model(tiny):
     assert sim.algo.eval_view(sim.senv, server, 1)["weights"].keys() == payload["weights"].keys()
 
 
+def _check_plain_step(server, new, delta, v, lr, atol):
+    """Each linear head's first momentum step is plain SGD on -Delta: W <- W + lr d v^T and
+    b <- b + lr d (d = Delta flattened); returns the embedding's gradient sum_k W_k^T d_k."""
+    dv = torch.zeros_like(v)
+    for k, h in server["phi"]["heads"].items():
+        d = delta[k].reshape(-1)
+        want_w = h["weight"] + lr * torch.outer(d, v)
+        assert torch.allclose(new["phi"]["heads"][k]["weight"], want_w, atol=atol), k
+        assert torch.allclose(new["phi"]["heads"][k]["bias"], h["bias"] + lr * d, atol=atol), k
+        dv += h["weight"].T @ d
+    return dv
+
+
 def test_server_step_moves_phi_along_delta_and_only_the_client_embedding(tiny):
     lr, embed_lr = 0.1, 0.2
     sim = _sim(tiny, hn_lr=lr, embed_lr=embed_lr, weight_decay=0.0, grad_clip=None)
@@ -97,14 +110,7 @@ def test_server_step_moves_phi_along_delta_and_only_the_client_embedding(tiny):
     delta = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
     new = sim.algo.aggregate(sim.senv, server, {2: {"delta": delta}}, 1, "train")
     v = server["embeddings"][2]
-    dv = torch.zeros_like(v)
-    for k, h in server["phi"]["heads"].items():
-        d = delta[k].reshape(-1)
-        # first momentum step = plain SGD: W <- W - lr (-d v^T) = W + lr d v^T, b <- b + lr d
-        want_w = h["weight"] + lr * torch.outer(d, v)
-        assert torch.allclose(new["phi"]["heads"][k]["weight"], want_w, atol=1e-6), k
-        assert torch.allclose(new["phi"]["heads"][k]["bias"], h["bias"] + lr * d, atol=1e-6), k
-        dv += h["weight"].T @ d
+    dv = _check_plain_step(server, new, delta, v, lr, atol=1e-6)
     assert torch.allclose(new["embeddings"][2], v + embed_lr * dv, atol=1e-5)
     assert not torch.equal(new["embeddings"][2], v)
     for j in (0, 1, 3):  # embeddings of clients not in the round do not move
@@ -237,12 +243,6 @@ def test_unclipped_step_below_the_threshold_by_hand(tiny):
     delta = {k: torch.full(s, 1e-3) for k, s in shapes.items()}
     new = sim.algo.aggregate(sim.senv, server, {1: {"delta": delta}}, 1, "train")
     v = server["embeddings"][1]
-    dv = torch.zeros_like(v)
-    for k, h in server["phi"]["heads"].items():
-        d = delta[k].reshape(-1)
-        want_w = h["weight"] + lr * torch.outer(d, v)
-        assert torch.allclose(new["phi"]["heads"][k]["weight"], want_w, atol=1e-7), k
-        assert torch.allclose(new["phi"]["heads"][k]["bias"], h["bias"] + lr * d, atol=1e-7), k
-        dv += h["weight"].T @ d
+    dv = _check_plain_step(server, new, delta, v, lr, atol=1e-7)
     assert torch.allclose(new["embeddings"][1], v + lr * dv, atol=1e-6)
     assert float(dv.norm()) < 50  # the threshold is not reached
