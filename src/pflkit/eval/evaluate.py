@@ -79,7 +79,7 @@ def finetuned(model: nn.Module, x: Tensor, y: Tensor, train: TrainConfig, epochs
         batch_size=train.batch_size,
         lr=train.lr,
         momentum=train.momentum,
-        
+        weight_decay=train.weight_decay,
     )
     return tuned
 
