@@ -136,3 +136,13 @@ def test_docs_claims_md_is_what_the_kept_runs_give():
     """docs/claims.md rebuilds byte for byte from docs/results/ (rerun benchmarks/claims.py
     after keeping runs)."""
     assert claims.main(["--check"]) == 0
+
+
+def test_best_every_n_takes_only_the_rounds_that_are_multiples_of_n(tmp_path):
+    d = tmp_path / "a-s0"
+    d.mkdir()
+    rows = [{"round": 10, "acc": 0.9}, {"round": 20, "acc": 0.7}, {"round": 30, "acc": 0.8}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert claims._value(d, "best", "acc") == 0.9
+    assert claims._value(d, "best_every:20", "acc") == 0.7
+    assert claims._value(d, "best_every:15", "acc") == 0.8

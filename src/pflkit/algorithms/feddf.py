@@ -263,7 +263,9 @@ class PFedDF(FedDF):
     )
 
     class Params(FedDF.Params):
-        ft_epochs: int | None = param(None, "KT-pFL (None: train.local_epochs)", gt=0)
+        ft_epochs: int | None = param(
+            None, "pflkit (None: train.local_epochs); KT-pFL: 'several epochs'", gt=0
+        )
 
     def personal_weights(self, env: ClientEnv, view: Payload, state: State):
         epochs = self.params.ft_epochs or env.run.train.local_epochs

@@ -47,7 +47,9 @@ class SplitBody(Algorithm):
     Subclasses define :meth:`local_train`."""
 
     class Params(Algorithm.Params):
-        weighting: Weighting = param("samples", "paper (weighted by local data size)")
+        weighting: Weighting = param(
+            "samples", "FedPer paper Alg. 1 (n_j / n); FedRep paper: plain mean; PFLlib: samples"
+        )
         private_layers: list[str] = param(
             [], "paper (the head only); fc1 with fedproto_cnn: FedProto's code (convs shared)"
         )

@@ -304,12 +304,12 @@ class FedProto(Algorithm):
     )
 
     class Params(Algorithm.Params):
-        lam: float = param(1.0, "paper (lambda = 1 on MNIST and FEMNIST)", ge=0)
+        lam: float = param(1.0, "FedProto paper (1 on MNIST and FEMNIST, set for sample_mse)", ge=0)
         reg: Reg = param(
-            "class_mean_l2", "paper (pFedPM Eq. 11: L2 to class means); sample_mse: FedProto code"
+            "class_mean_l2", "pFedPM paper (Eq. 11: L2 to class means); sample_mse: FedProto code"
         )
         proto_timing: Literal["posthoc", "running"] = param(
-            "posthoc", "paper Eq. 6 (after training); running: FedProto code"
+            "posthoc", "pFedPM Eq. 6 (after training); running: FedProto code"
         )
         proto_agg: Literal["weighted", "uniform"] = param(
             "weighted", "specs/pfedpm.md §2.1 A (|D_ij|/N_j); uniform: FedProto code"

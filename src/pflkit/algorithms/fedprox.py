@@ -8,8 +8,9 @@ Shared: the whole model. Private: nothing.
 
 Deviations: the paper lets stragglers do partial work (gamma-inexact solutions); every client
 here does the configured full local epochs, which is how the MAP, GPFL and pFedSim papers run
-FedProx. The proximal term covers all parameters (not buffers). Default mu = 0.01, from the
-paper's grid {0.001, 0.01, 0.1, 1}.
+FedProx. The proximal term covers all parameters (not buffers). Default mu = 0.01, our pick
+from the paper's grid {0.001, 0.01, 0.1, 1} (PFLlib's ``-mu`` default is 0, which is FedAvg;
+pFedSim App. A.5: mu = 1).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class FedProx(FedAvg):
     description = "FedProx (Li et al. 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2"
 
     class Params(FedAvg.Params):
-        mu: float = param(0.01, "paper (grid {0.001, 0.01, 0.1, 1})", ge=0)
+        mu: float = param(0.01, "our pick from the paper's grid {0.001, 0.01, 0.1, 1}", ge=0)
 
     def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
         return proximal_loss(payload["weights"], self.params.mu)

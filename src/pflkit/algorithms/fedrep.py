@@ -16,9 +16,13 @@ Server: phi^{t+1} = sum_i (n_i / n) phi_i over the participants (``weighting: un
 paper's plain mean 1/(rn) sum_i). Personalized model: the latest phi with the client's h_i.
 
 Defaults: ``head_epochs`` = 10 (the paper's experiments train the head for many more local
-epochs than the body; 10 is the authors' scripts' value as we read them, not re-checked here),
-``body_epochs`` = ``train.local_epochs`` (the GPFL protocol's E = 1). Both phases use the
-config's optimiser settings and lr.
+epochs than the body; 10 is our reading of the FedRep authors' scripts, not re-checked here),
+``body_epochs`` = ``train.local_epochs``. Both phases use the config's optimiser settings and
+lr. The codes that ran FedRep as a baseline differ: PFLlib (GPFL's Table 1) trains
+``-pls`` head epochs, default 1 (``main.py``, ``clientrep.py``), then ``local_epochs`` body
+epochs; FL-bench (pFedSim's Table 3) trains E - 1 head epochs and 1 body epoch
+(``src/client/fedrep.py``, ``train_body_epoch`` 1; pFedSim App. A.5: one epoch for the
+feature extractor), i.e. ``head_epochs: 4, body_epochs: 1`` at E = 5.
 
 Deviations: the paper's weighting is the plain mean; the default here is the sample-weighted
 mean (the PFLlib/GPFL code that runs this baseline), ``weighting: uniform`` gives the paper's.
@@ -44,8 +48,12 @@ class FedRep(SplitBody):
     description = "FedRep (Collins et al. 2021): head epochs (body frozen), then body epochs"
 
     class Params(SplitBody.Params):
-        head_epochs: int = param(10, "authors' scripts (10 head epochs per round)", ge=0)
-        body_epochs: int | None = param(None, "GPFL protocol (None: train.local_epochs)", ge=0)
+        head_epochs: int = param(
+            10, "FedRep scripts as we read them, not re-checked; PFLlib -pls: 1", ge=0
+        )
+        body_epochs: int | None = param(
+            None, "PFLlib clientrep.py (None: train.local_epochs); pFedSim A.5: 1", ge=0
+        )
 
         @model_validator(mode="after")
         def _some_training(self):

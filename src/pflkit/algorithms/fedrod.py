@@ -99,7 +99,9 @@ class FedRoD(FedAvg):
 
     class Params(FedAvg.Params):
         variant: Variant = param("paper", "paper (BSM, sum of heads); map_code: MAP authors'")
-        gamma: float = param(1.0, "MAP code grid {1, 0.5, 0.25} (map_code only)", gt=0)
+        gamma: float = param(
+            1.0, "our pick from the MAP code grid {1, 0.5, 0.25} (map_code only)", gt=0
+        )
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name)

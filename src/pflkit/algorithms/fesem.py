@@ -133,7 +133,7 @@ class FeSEM(FedAvg):
     )
 
     class Params(FedAvg.Params):
-        num_clusters: int = param(2, "FedProto code's SEM baseline (2 clusters)", ge=1)
+        num_clusters: int = param(2, "FedProto code's SEM helper (lib/utils.py:147, k = 2)", ge=1)
         init: CenterInit = param("clients", "pflkit (k-means' start; random: FlexCFL code)")
         personal: Literal["center", "local"] = param("center", "paper (the cluster model)")
         weighting: Weighting = param("uniform", "paper (M-step: mean of the members)")

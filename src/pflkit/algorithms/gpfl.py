@@ -195,8 +195,8 @@ class GPFL(Algorithm):
     description = "GPFL (Zhang et al. 2023): CoV + global category embeddings, private head"
 
     class Params(Algorithm.Params):
-        lam: float = param(0.01, "authors' code run_me.sh (CNN)", ge=0)
-        mu: float = param(0.1, "authors' code run_me.sh (CNN)", ge=0)
+        lam: float = param(0.01, "authors' run_me.sh (CNN), set for mlg: batch_frobenius", ge=0)
+        mu: float = param(0.1, "authors' run_me.sh (CNN), set for weight_decay", ge=0)
         mlg: Literal["mean_l2", "batch_frobenius"] = param(
             "mean_l2", "paper (Eq. 9); batch_frobenius: authors' code"
         )

@@ -181,20 +181,20 @@ def coef_step_official(c: Tensor, soft: Tensor, *, rho: float) -> Tensor:
 class CoefParams(BaseModel):
     """The knowledge-coefficient hyper-parameters (KT-pFL and its homogeneous variant)."""
 
-    rho: float = param(0.7, "authors' code (pull of c towards uniform)", ge=0)
-    lam: float = param(1.0, "specs/ktpfl.md §3 (weight of the KD term, eqs. 4, 7)", ge=0)
-    coef_lr: float = param(0.01, "paper's hyper-parameter study (eta_3)", gt=0)
+    rho: float = param(0.7, "authors' code (penalty_ratio, conf/*_10models_T10_*.json)", ge=0)
+    lam: float = param(1.0, "pflkit (weight of the KD term, eqs. 4, 7; paper: not stated)", ge=0)
+    coef_lr: float = param(0.01, "paper §5.2.2 (Table 3: eta_1 = eta_2 = eta_3 = 0.01)", gt=0)
     coef_steps: int = param(
-        20, "not stated (Alg. 1: 'update c via (7)'); 20 so that c moves (module docstring)", gt=0
+        20, "pflkit: 20 so that c moves (module docstring); paper: not stated", gt=0
     )
     coef_update: Literal["paper", "official", "fixed"] = param(
         "paper", "paper (eq. 7); official: code; fixed: c stays c_0 (an ablation, no paper)"
     )
     c_init: Literal["uniform", "identity"] = param(
-        "uniform", "specs/ktpfl.md §3 (c_0 uniform); identity: self-only teachers (ablation)"
+        "uniform", "authors' code (c_0 = 1/N; paper: not stated); identity: self-only (ablation)"
     )
     coef_kl: Literal["mean", "sum"] = param(
-        "mean", "specs/ktpfl.md §10 (eq. 7 on a mini-batch); sum: eq. 2 (KL summed over D_r)"
+        "mean", "pflkit's reading of eq. 7 (specs/ktpfl.md §10); sum: eq. 2 (KL summed over D_r)"
     )
 
 

@@ -23,9 +23,14 @@ Server: w <- mean of the participants' w (Algorithm 1, step 10: 1/(rn) sum);
 alpha on one batch of the client's training data from the latest w (the evaluation protocol
 of Sec. 6: "one step of stochastic gradient descent").
 
-Defaults: alpha and beta = ``train.lr`` (PFLlib, the code that ran this baseline for GPFL, uses
-the learning rate for alpha and, with its default beta = 0, for beta too); ``delta`` = 0.001
-(our choice: the paper leaves it to the analysis). Deviations: none known beyond the defaults.
+Defaults: alpha and beta = ``train.lr``, PFLlib's choice, not the paper's (PFLlib, the code
+that ran this baseline for GPFL, steps with the learning rate for alpha and sets beta to the
+learning rate too, ``clientperavg.py``; its ``-bt`` is not read). pFedSim App. A.5 (and
+FL-bench, which ran pFedSim's baselines) use alpha = 0.01 (the lr) and beta = 0.001.
+``delta`` = 0.001 (our choice: the paper leaves it to the analysis; FL-bench's default too).
+Deviations: none known beyond the defaults. PFLlib trains each selected client twice a round
+(``serverperavg.py``: ``train.local_epochs`` 2 here); FL-bench averages uniformly and scores
+after one epoch of local fine-tuning.
 """
 
 from __future__ import annotations
@@ -89,8 +94,10 @@ class PerFedAvg(FedAvg):
 
     class Params(FedAvg.Params):
         variant: Literal["fo", "hf"] = param("fo", "paper (Sec. 5: FO; hf: Hessian-free)")
-        alpha: float | None = param(None, "PFLlib (None: train.lr)", gt=0)
-        beta: float | None = param(None, "PFLlib (None: train.lr)", gt=0)
+        alpha: float | None = param(None, "PFLlib clientperavg.py: the lr (None: train.lr)", gt=0)
+        beta: float | None = param(
+            None, "PFLlib clientperavg.py: the lr (None: train.lr); pFedSim A.5: 0.001", gt=0
+        )
         delta: float = param(1e-3, "our choice (HF finite-difference step)", gt=0)
         weighting: Weighting = param("uniform", "paper (Alg. 1: 1/(rn) sum)")
 

@@ -244,12 +244,16 @@ class PFedPM(FedProto):
     )
 
     class Params(FedProto.Params):
-        a: float = param(0.4, "[ours] middle of the paper's best a (0.3/0.4/0.6)", ge=0, le=1)
-        relation: Literal["conv", "mlp"] = param("conv", "[ours] spec §2.1 (paper: 1 conv + 2 FC)")
-        relation_hidden: int = param(8, "[ours] hidden width of relation: mlp", ge=1)
+        a: float = param(
+            0.4, "pflkit: middle of the paper's FEMNIST optima 0.3/0.4/0.6 (§V)", ge=0, le=1
+        )
+        relation: Literal["conv", "mlp"] = param(
+            "conv", "pflkit: spec §2.1's sizes (paper §V: 1 conv + 2 FC, no sizes)"
+        )
+        relation_hidden: int = param(8, "pflkit (hidden width of relation: mlp)", ge=1)
         relation_loss: Literal["sum", "mean"] = param("sum", "paper (Eq. 13: sum of squares)")
         relation_lr: float | None = param(
-            None, "[ours] paper: unstated (None: train.lr, as the body)", gt=0
+            None, "pflkit (None: train.lr, as the body; paper: unstated)", gt=0
         )
         inference: Literal["head", "relation"] = param(
             "head", "paper Table I (first head); relation: Table II (R-pFedPM)"

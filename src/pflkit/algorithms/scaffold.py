@@ -29,7 +29,7 @@ batch order as FedAvg's client step (with c = c_i = 0 it *is* FedAvg's step with
 ScaRS: the same, with g_i the gradient of the restricted-softmax loss (MAP Eq. 8, :mod:`rs`):
 per-class logit scale 1 for observed classes, alpha for missing ones (``rs_mode="hard"``, the
 paper's rule and what the MAP code's ScaffoldRS intends; observed = at least ``min_samples``
-training samples, specs/map.md §8.9). ``alpha`` defaults to 0.9 (MAP §3 default).
+training samples, specs/map.md §8.9). ``alpha`` defaults to 0.9 (MAP §5.2.5's preferred value).
 
 Defaults: ``eta_g`` = 1.0 (the paper's experiments; the MAP code grid is {0.5, 0.75, 0.9});
 uniform means over S (the paper and the MAP code). The module-level functions
