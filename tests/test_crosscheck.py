@@ -101,6 +101,20 @@ def test_summary_row_from_a_results_file(xc, tmp_path):
         "| fedrep | pfllib FedRep (d832e76) | head_epochs=1 | 82.00 ± 2.00 | 83.00 ± 2.00 | "
         "+1.00 ± 1.63 | within noise | 300 / 201 |"
     )
+    # a case run again (here with PFLlib's drop_last): its last row is the table's
+    again = {**row, "verdict": "differs", "options": "head_epochs=1, train.drop_last=True"}
+    path.write_text("".join(__import__("json").dumps(r) + "\n" for r in (row, again)))
+    lines = xc.summary([path]).splitlines()
+    assert len(lines) == 3 and "| head_epochs=1, train.drop_last=True |" in lines[-1]
+    assert "| differs |" in lines[-1]
+
+
+def test_pflkit_options_name_the_case_settings_and_drop_last(xc):
+    cfg = {"train": {"drop_last": True}}
+    assert xc.pflkit_options(xc.CASES["perfedavg"], cfg) == (
+        "weighting=samples, train.local_epochs=2, train.drop_last=True"
+    )
+    assert xc.pflkit_options(xc.CASES["fedavg"], {"train": {}}) == ""
 
 
 def test_a_case_with_other_settings_reaches_the_pflkit_config(xc, tmp_path, monkeypatch):

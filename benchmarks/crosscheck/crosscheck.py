@@ -277,17 +277,20 @@ def commit(checkout: Path) -> str:
 def summary(paths: list[Path]) -> str:
     """One markdown row per case from results.jsonl files: docs/crosscheck.md's table."""
     rows = [json.loads(x) for p in paths for x in p.read_text().splitlines() if x.strip()]
+    latest = {r["algorithm"]: r for r in rows}  # a case run again: its last row
     out = [
         "| case | reference (commit) | pflkit options | reference, last-10 mean (%) | "
         "pflkit, last-10 mean (%) | pflkit - reference | verdict | s reference / pflkit |",
         "|---|---|---|---:|---:|---:|---|---:|",
     ]
-    for r in rows:
+    for r in latest.values():
         case = CASES[r["algorithm"]]
-        opts = ", ".join(f"{k}={v}" for k, v in case.pflkit.items() if k != "name") or "defaults"
+        opts = r.get("options") or ", ".join(
+            f"{k}={v}" for k, v in case.pflkit.items() if k != "name"
+        )
         out.append(
             f"| {r['algorithm']} | {case.library} {case.ref_name} ({r.get('ref_commit', '?')}) | "
-            f"{opts} | {_ms(r['reference'])} | {_ms(r['pflkit'])} | "
+            f"{opts or 'defaults'} | {_ms(r['reference'])} | {_ms(r['pflkit'])} | "
             f"{100 * r['diff']:+.2f} ± {100 * r['se']:.2f} | {r['verdict']} | "
             f"{r['seconds_reference']:.0f} / {r['seconds_pflkit']:.0f} |"
         )
@@ -364,6 +367,16 @@ def summary_row(case: Case, ref, ours, last: int, secs) -> dict:
         "curves_reference": [{str(k): v for k, v in c.items()} for c in ref],
         "curves_pflkit": [{str(k): v for k, v in c.items()} for c in ours],
     }
+
+
+def pflkit_options(case: Case, cfg: dict) -> str:
+    """The pflkit side's settings beside the config's shared ones: the algorithm's options, the
+    case's other settings and the config's train.drop_last (docs/crosscheck.md's column)."""
+    opts = [f"{k}={v}" for k, v in case.pflkit.items() if k != "name"]
+    opts += [f"{s}.{k}={v}" for s, values in case.settings.items() for k, v in values.items()]
+    if cfg["train"].get("drop_last"):
+        opts.append("train.drop_last=True")
+    return ", ".join(opts)
 
 
 def load_reference(path: Path) -> tuple[list[dict[int, float]], float]:
@@ -446,7 +459,11 @@ def main(argv: list[str] | None = None) -> int:
             ours, t_ours = run_pflkit(case, cfg, args.out, args.seeds)
             print(table(case, ref, ours, args.last, (t_ref, t_ours)), flush=True)
             row = summary_row(case, ref, ours, args.last, (t_ref, t_ours))
-            row |= {"config": str(cfg_path), "ref_commit": commit(refs[case.library])}
+            row |= {
+                "config": str(cfg_path),
+                "ref_commit": commit(refs[case.library]),
+                "options": pflkit_options(case, cfg),
+            }
             with open(results, "a") as f:
                 f.write(json.dumps(row) + "\n")
     except Usage as e:
