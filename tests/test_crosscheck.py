@@ -128,7 +128,8 @@ def test_a_case_with_other_settings_reaches_the_pflkit_config(xc, tmp_path, monk
         xc.run_pflkit(xc.CASES["feddyn"], cfg, tmp_path, 2)
     got = yaml.safe_load((tmp_path / "feddyn-pflkit.yaml").read_text())
     assert got["train"] == {"lr": 0.01, "rounds": 2, "grad_clip": 10.0}
-    assert got["algorithm"] == {"name": "feddyn", "alpha": 0.1, "weighting": "samples"}
+    assert got["algorithm"] == xc.CASES["feddyn"].pflkit
+    assert got["algorithm"]["clip_on"] == "total"  # FL-bench clips after FedDyn's terms
     assert got["compare"]["algorithms"] == [got["algorithm"]] and got["compare"]["seeds"] == [0, 1]
 
 
@@ -172,3 +173,12 @@ def test_flbench_command_maps_the_shared_settings(xc):
     cfg["model"]["options"] = {}
     with pytest.raises(xc.Usage, match="fc_relu"):
         xc.flbench_command(xc.CASES["pfedsim"], cfg, 0)
+
+
+def test_a_reference_that_scores_after_training_is_shifted_one_round(xc):
+    """PFLlib's FedPHP prints round r for the model pflkit scores at round r + 1; its extra
+    round (r = rounds) has no pflkit counterpart."""
+    assert xc.CASES["fedphp"].round_shift == 1 and xc.CASES["fedavg"].round_shift == 0
+    curve = {0: 0.1, 1: 0.5, 2: 0.6, 3: 0.7}
+    assert xc.aligned(curve, 1, 3) == {1: 0.1, 2: 0.5, 3: 0.6}
+    assert xc.aligned(curve, 0, 3) == curve

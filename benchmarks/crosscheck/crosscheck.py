@@ -369,6 +369,12 @@ def summary_row(case: Case, ref, ours, last: int, secs) -> dict:
     }
 
 
+def aligned(curve: dict[int, float], shift: int, rounds: int) -> dict[int, float]:
+    """The reference's curve under pflkit's round labels (``Case.round_shift``), rounds
+    ``0..rounds`` only."""
+    return {r + shift: a for r, a in curve.items() if 0 <= r + shift <= rounds}
+
+
 def pflkit_options(case: Case, cfg: dict) -> str:
     """The pflkit side's settings beside the config's shared ones: the algorithm's options, the
     case's other settings and the config's train.drop_last (docs/crosscheck.md's column)."""
@@ -456,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                     case, cfg_path, cfg, refs[case.library], args.python, args.out, args.seeds
                 )
                 kept.write_text(json.dumps({"curves": ref, "seconds": t_ref}))
+            ref = [aligned(c, case.round_shift, cfg["train"]["rounds"]) for c in ref]
             ours, t_ours = run_pflkit(case, cfg, args.out, args.seeds)
             print(table(case, ref, ours, args.last, (t_ref, t_ours)), flush=True)
             row = summary_row(case, ref, ours, args.last, (t_ref, t_ours))

@@ -23,6 +23,15 @@ FEDPHP = (
     f"{M}::test_fedphp_uploads_the_fine_tuned_model_and_folds_it_into_the_hpm",
     f"{M}::test_fedphp_client_step_distils_from_the_hpm_by_hand",
 )
+P = "tests/test_fedphp_pfllib.py"
+FEDPHP_PFLLIB = (  # FedPHP's PFLlib options
+    f"{P}::test_pfllib_mmd_of_two_2x2_batches_by_hand",
+    f"{P}::test_eq13_with_pfllib_mmd_by_hand",
+    f"{P}::test_first_selection_distils_from_the_download_by_hand",
+    f"{P}::test_default_first_selection_still_trains_plain_ce",
+    f"{P}::test_personal_trained_scores_the_uploaded_model_not_the_hpm",
+    f"{P}::test_a_round_reports_the_pooled_accuracy_of_the_trained_models",
+)
 SCAMAP = (
     f"{M}::test_scamap_client_update_by_hand",
     f"{M}::test_scamap_server_update_by_hand",
@@ -173,6 +182,46 @@ BREAKS = [
         'return tau**2 * F.kl_div(log_p, target, reduction="batchmean")',
         'return F.kl_div(log_p, target, reduction="batchmean")',
         FEDPHP,
+    ),
+    Break(
+        "fedphp",
+        "PFLlib MMD without the 0.5",
+        "algorithms/blocks/hpm.py",
+        "torch.exp(-0.5 * d2 / s)",
+        "torch.exp(-d2 / s)",
+        FEDPHP_PFLLIB,
+    ),
+    Break(
+        "fedphp",
+        "PFLlib MMD bandwidth 50 -> 5",
+        "algorithms/blocks/hpm.py",
+        "(10, 15, 20, 50)) -> Tensor",
+        "(10, 15, 20, 5)) -> Tensor",
+        FEDPHP_PFLLIB,
+    ),
+    Break(
+        "fedphp",
+        "mmd_form pfllib ignored",
+        "algorithms/blocks/hpm.py",
+        'mmd_pfllib(h, hp) if p.mmd_form == "pfllib" else mmd_loss(h, hp)',
+        "mmd_loss(h, hp)",
+        FEDPHP_PFLLIB,
+    ),
+    Break(
+        "fedphp",
+        "hpm_init start ignored",
+        "algorithms/blocks/hpm.py",
+        'if "hpm" not in state and p.hpm_init == "start":',
+        "if False:",
+        FEDPHP_PFLLIB,
+    ),
+    Break(
+        "fedphp",
+        "personal trained scores the HPM",
+        "algorithms/fedphp.py",
+        'state.get("weights" if self.params.personal == "trained" else "hpm")',
+        'state.get("hpm")',
+        FEDPHP_PFLLIB,
     ),
     # -- ScaMAP ------------------------------------------------------------------------------------
     Break(

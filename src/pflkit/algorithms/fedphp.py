@@ -8,15 +8,32 @@ Shared: the whole model. Private: the inherited private model (HPM) and the sele
   into its HPM with the client-specific momentum of Eq. 10 (:mod:`pflkit.algorithms.blocks.hpm`).
 - Server: parameter averaging of the uploaded models.
 - The personalized model is the HPM (the authors' code and MAP's Alg. 1 return it); a client
-  never selected has no HPM and is scored with the global model.
+  never selected has no HPM and is scored with the global model. ``personal="trained"`` scores
+  the model right after the client's last local training instead (kept in its state), as
+  PFLlib, which evaluates each client's just-trained model before aggregating
+  (``serverphp.py`` lines 28-34); a client never selected is scored with the global model.
 
-Deviations: a client's first selection trains on plain CE (there is no HPM to learn from).
+Deviations: a client's first selection trains on plain CE (there is no HPM to learn from;
+``hpm_init: start`` distils from the download instead).
 Defaults: lambda = 0.01, KD, tau = 4, mu = 0.9 (MAP §3); sample-weighted averaging (the code).
+
+PFLlib's FedPHP (``system/flcore/clients/clientphp.py``, ``servers/serverphp.py`` at d832e76)
+is ``kt: mmd, mmd_form: pfllib, hpm_init: start, mu_schedule: code, personal: trained`` with
+PFLlib's ``-lam`` and ``-mu``: its momentum (mu / T) * R, R the 0-based round, is
+``mu_schedule: code`` when every client trains every round (z - 1 = R, int(Q T) = T; the
+code's clip at 0.9 binds only for mu > 0.9). Not reproduced: PFLlib moves only the parameters
+into its HPM (pflkit also averages floating-point buffers) and runs the HPM in train mode while
+distilling (neither matters for a model without BatchNorm or dropout, such as ``cnn4``); under
+partial participation it counts R in rounds rather than selections, starts a late client's HPM
+from the initial model rather than the download, and scores an unselected client with the
+round's download rather than its last trained model.
 """
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import Payload, State, Update, register
+from typing import Literal
+
+from pflkit.algorithms.base import Payload, State, Update, param, register
 from pflkit.algorithms.blocks.hpm import HPMParams, personalize
 from pflkit.algorithms.blocks.training import get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv
@@ -29,14 +46,18 @@ class FedPHP(FedAvg):
     description = "FedPHP (Li et al. 2021): fine-tune with KD/MMD from an inherited private model"
 
     class Params(FedAvg.Params, HPMParams):
-        pass
+        personal: Literal["hpm", "trained"] = param(
+            "hpm", "paper (the HPM); trained: PFLlib serverphp.py lines 28-34"
+        )
 
     def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
         model = env.model()
         set_weights(model, payload["weights"])
         state, loss = personalize(env, model, state, self.params)
         upload = {"weights": get_weights(model), "num_samples": env.num_train}
+        if self.params.personal == "trained":
+            state = {**state, "weights": upload["weights"]}
         return Update(upload, state, {"train_loss": loss})
 
     def personal_weights(self, env: ClientEnv, view: Payload, state: State):
-        return state.get("hpm")
+        return state.get("weights" if self.params.personal == "trained" else "hpm")

@@ -19,12 +19,20 @@ Eq. 13, (1 - lambda) CE + lambda L_kt, where L_kt is
   student, no tau^2; specs/map.md §8.6);
 - ``mmd`` (Eq. 12): multi-kernel Gaussian MMD between the student's and the HPM's features,
   biased V-statistic, 5 kernels with bandwidths base * 2^i (i = 0..4), base = mean pairwise
-  squared distance of the joint batch / 4 (the authors' DAN-style estimator, §8.17).
+  squared distance of the joint batch / 4 (the authors' DAN-style estimator, §8.17);
+  ``mmd_form="pfllib"`` is PFLlib's estimator instead (``clientphp.py`` lines 93-130): with
+  d2 the pairwise squared distances (|a|^2 + |b|^2 - 2 a.b), the kernel
+  sum_{s in (10, 15, 20, 50)} exp(-0.5 * d2 / s) and the loss mean(K_hh + K_pp - 2 K_hp) over
+  the B x B matrices (for equal batches: the biased V-statistic of that kernel).
 
 A client without an HPM yet (its first selection) trains on plain CE and its HPM starts as
 that fine-tuned model (specs/map.md §8.4: the paper skips KT in round 1; a client first chosen
-later has no HPM either). ``hpm_bn_recompute`` (authors' code) re-estimates the HPM's BatchNorm
-statistics on the local training data after every update (§8.7).
+later has no HPM either). ``hpm_init="start"`` (PFLlib, whose private model is a copy of the
+initial model, ``clientphp.py`` line 15) instead takes the model the fine-tuning starts from
+(FedPHP: the download; MAP: stage A's result) as the HPM of a client without one, so KT from it
+applies at the first selection and the momentum update of Eq. 10 (z = 1) folds it in as usual.
+``hpm_bn_recompute`` (authors' code) re-estimates the HPM's BatchNorm statistics on the local
+training data after every update (§8.7).
 """
 
 from __future__ import annotations
@@ -48,6 +56,12 @@ class HPMParams(BaseModel):
     mu: float = param(0.9, "MAP §3 (macro momentum)", ge=0, le=1)
     mu_schedule: Literal["paper", "code"] = param("paper", "paper (Eq. 10); code: authors' code")
     kd_form: Literal["paper", "code"] = param("paper", "paper (Eq. 11); code: authors' code")
+    mmd_form: Literal["multi_kernel", "pfllib"] = param(
+        "multi_kernel", "MAP authors' code (Eq. 12); pfllib: PFLlib clientphp.py lines 93-130"
+    )
+    hpm_init: Literal["trained", "start"] = param(
+        "trained", "paper (no KT at the first selection); start: PFLlib clientphp.py line 15"
+    )
     hpm_bn_recompute: bool = param(False, "paper; true: authors' code")
 
 
@@ -85,6 +99,17 @@ def mmd_loss(h: Tensor, hp: Tensor, kernels: int = 5, mul: float = 2.0) -> Tenso
     return k[:b, :b].mean() + k[b:, b:].mean() - 2 * k[:b, b:].mean()
 
 
+def mmd_pfllib(h: Tensor, hp: Tensor, bandwidths: tuple[float, ...] = (10, 15, 20, 50)) -> Tensor:
+    """PFLlib's FedPHP MMD (module docstring): fixed RBF bandwidths, one mean over the summed
+    B x B kernel matrices. Squared distances as |a|^2 + |b|^2 - 2 a.b, as PFLlib computes them."""
+
+    def kernel(a: Tensor, b: Tensor) -> Tensor:
+        d2 = (a * a).sum(1, keepdim=True) + (b * b).sum(1) - 2 * a @ b.T
+        return sum(torch.exp(-0.5 * d2 / s) for s in bandwidths)
+
+    return (kernel(h, h) + kernel(hp, hp) - 2 * kernel(h, hp)).mean()
+
+
 def kt_loss(teacher: nn.Module, p: HPMParams) -> LossFn:
     """(1 - lambda) CE + lambda L_kt against a frozen teacher (MAP Eq. 13)."""
     teacher.eval()
@@ -95,7 +120,10 @@ def kt_loss(teacher: nn.Module, p: HPMParams) -> LossFn:
         with torch.no_grad():
             hp = teacher.features(x)
             gp = teacher.head(hp)
-        kt = kd_loss(logits, gp, p.tau, p.kd_form) if p.kt == "kd" else mmd_loss(h, hp)
+        if p.kt == "kd":
+            kt = kd_loss(logits, gp, p.tau, p.kd_form)
+        else:
+            kt = mmd_pfllib(h, hp) if p.mmd_form == "pfllib" else mmd_loss(h, hp)
         return (1 - p.lam) * F.cross_entropy(logits, y) + p.lam * kt
 
     return loss_fn
@@ -123,6 +151,8 @@ def personalize(
 ) -> tuple[State, float]:
     """Fine-tune ``model`` (already holding the start weights) with KT from the client's HPM,
     then fold the result into the HPM. Returns the new client state and the mean loss."""
+    if "hpm" not in state and p.hpm_init == "start":  # PFLlib: KT from the first selection
+        state = {**state, "hpm": get_weights(model), "selected": 0}
     hpm = state.get("hpm")
     if hpm is None:
         loss = env.train(model, **train)
