@@ -434,3 +434,84 @@ def test_feddyn_client_update_two_steps_by_hand():
     # g_k <- g_k - alpha (theta_k - theta)
     assert close(out.state["grad"], {k: grad[k] - 0.5 * (w[k] - theta[k]) for k in w})
     assert out.metrics["train_loss"] == pytest.approx(np.mean(losses), rel=1e-6)  # task loss only
+
+
+def _feddyn_case():
+    g = torch.Generator().manual_seed(4)
+    theta = {
+        "head.weight": torch.randn(2, 2, generator=g),
+        "head.bias": torch.randn(2, generator=g),
+    }
+    grad = {k: torch.randn(v.shape, generator=g) for k, v in theta.items()}
+    return theta, grad
+
+
+def _task_grad(w):
+    leaf = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    loss = nn.functional.cross_entropy(X @ leaf["head.weight"].T + leaf["head.bias"], Y)
+    return dict(zip(leaf, torch.autograd.grad(loss, list(leaf.values())), strict=True))
+
+
+def test_feddyn_linear_prox_term_is_flbench_loss_by_hand():
+    """``prox_term: linear``: FL-bench's client loss CE + alpha <theta, nabla_k - theta^{t-1}>
+    (src/client/feddyn.py lines 30-32, src/server/feddyn.py lines 34-36), nabla_k = -g_k / alpha,
+    written out and differentiated: two full-batch SGD steps."""
+    a = 0.5
+    algo, senv, envs = federation(
+        {"name": "feddyn", "alpha": a, "prox_term": "linear"}, [(X, Y)] * 2, 2, local_epochs=2
+    )
+    theta, grad = _feddyn_case()
+    out = algo.client_update(envs[0], {"weights": theta}, {"grad": grad}, 3, "train")
+    delta = {k: -grad[k] / a - theta[k] for k in theta}  # FL-bench's local_dual_correction
+
+    def flbench_loss(w):
+        ce = nn.functional.cross_entropy(X @ w["head.weight"].T + w["head.bias"], Y)
+        return ce + a * sum((w[k] * delta[k]).sum() for k in w)
+
+    w = dict(theta)
+    for _ in range(2):
+        leaf = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+        gl = dict(
+            zip(leaf, torch.autograd.grad(flbench_loss(leaf), list(leaf.values())), strict=True)
+        )
+        w = {k: w[k] - 0.1 * gl[k] for k in w}
+    assert close(out.upload["weights"], w)
+    assert close(out.state["grad"], {k: grad[k] - a * (w[k] - theta[k]) for k in w})
+    # the paper's quadratic term gives another model (its alpha theta part is what differs)
+    paper, _, penvs = federation({"name": "feddyn", "alpha": a}, [(X, Y)] * 2, 2, local_epochs=2)
+    other = paper.client_update(penvs[0], {"weights": theta}, {"grad": grad}, 3, "train")
+    assert not close(other.upload["weights"], w, atol=1e-3)
+
+
+@pytest.mark.parametrize("clip_on", ["task", "total"])
+def test_feddyn_clip_on_by_hand(clip_on):
+    """``train.grad_clip`` 0.3: ``task`` clips the task gradient, then adds -g_k + alpha (theta
+    - theta^{t-1}); ``total`` (FL-bench src/client/feddyn.py lines 33-37) clips their sum. Two
+    full-batch steps, the global-norm clip written out (factor c / (norm + 1e-6), at most 1)."""
+    a, c = 0.5, 0.3
+    algo, senv, envs = federation(
+        {"name": "feddyn", "alpha": a, "clip_on": clip_on}, [(X, Y)] * 2, 2, local_epochs=2,
+        grad_clip=c,
+    )  # fmt: skip
+    theta, grad = _feddyn_case()
+    out = algo.client_update(envs[0], {"weights": theta}, {"grad": grad}, 3, "train")
+
+    def clipped(d):
+        norm = math.sqrt(sum(float((v**2).sum()) for v in d.values()))
+        return {k: v * min(1.0, c / (norm + 1e-6)) for k, v in d.items()}
+
+    def step(w, order):
+        gl = _task_grad(w)
+        if order == "task":
+            gl = clipped(gl)
+        d = {k: gl[k] - grad[k] + a * (w[k] - theta[k]) for k in w}
+        if order == "total":
+            d = clipped(d)
+        return {k: w[k] - 0.1 * d[k] for k in w}
+
+    want, other = dict(theta), dict(theta)
+    for _ in range(2):
+        want = step(want, clip_on)
+        other = step(other, "task" if clip_on == "total" else "total")
+    assert close(out.upload["weights"], want)
+    assert not close(other, want, atol=1e-3)  # the clip binds: the order matters here

@@ -181,3 +181,40 @@ def test_server_averages_by_sample_count_and_remembers_the_labels_seen():
     assert algo.personal_weights(None, algo.eval_view(senv, new, 0), {}) is None  # by everyone
     payload = algo.configure(senv, new, 0, 3, "train")
     assert payload["labels"] is new["labels"] and payload["gen"] is new["gen"]
+
+
+def test_teacher_labels_client_draws_from_the_clients_own_training_labels():
+    """``teacher_labels: client`` (FL-bench src/client/fedgen.py lines 66-72): y~ uniform over
+    the labels of the client's training split ({0, 2} for client 0), whatever the server sent;
+    the loss written out with the same draws."""
+    algo, senv, envs = hand_fedgen(teacher_labels="client", alpha=2.0, beta=3.0, gen_batch=6)
+    env = envs[0]
+    server = algo.server_init(senv)
+    payload = {"weights": server["weights"], "gen": server["gen"], "labels": torch.tensor([1])}
+    model = env.model()
+    model.load_state_dict(
+        {
+            "head.weight": torch.tensor([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]]),
+            "head.bias": torch.zeros(3),
+        }
+    )
+    x, y = env.data.train_x, env.data.train_y
+    torch.manual_seed(11)
+    got = algo.local_loss(env, payload, rnd=1)(model, x, y)
+    gen = algo.generator(env, server["gen"]).eval()
+    torch.manual_seed(11)
+    with torch.no_grad():
+        target = F.softmax(model.head(gen(torch.randn(3, algo.params.noise_dim), y)), 1)
+        y_gen = torch.tensor([0, 2])[torch.randint(2, (6,))]
+        feat = gen(torch.randn(6, algo.params.noise_dim), y_gen)
+        logits = model(x)
+        ce = F.cross_entropy(logits, y)
+        teacher = F.cross_entropy(model.head(feat), y_gen)
+        latent = (target * (target.log() - F.log_softmax(logits, 1))).sum(1).mean()
+    assert got.item() == pytest.approx((ce + 2.0 * teacher + 3.0 * latent).item(), rel=1e-5)
+    assert set(y_gen.tolist()) == {0, 2}  # both of the client's labels drawn, never label 1
+    # the server's label set (the default) gives another loss on the same draws
+    default, _, _ = hand_fedgen(alpha=2.0, beta=3.0, gen_batch=6)
+    torch.manual_seed(11)
+    other = default.local_loss(env, payload, rnd=1)(model, x, y)
+    assert abs(other.item() - got.item()) > 1e-3

@@ -204,3 +204,76 @@ def test_one_client_step_by_hand():
     # the contrastive term moved this step: CE alone gives another model
     plain = _moon_step(model, g2, g2, want1, x, y, 0.0, 0.5, 0.1)
     assert max(float((plain[k] - want2[k]).abs().max()) for k in plain) > 1e-4
+
+
+# -- first_prev: initial (PFLlib clientmoon.py line 17) ------------------------------------------
+def _moon_sim(**algo):
+    cfg = tiny_config(
+        algorithm={"name": "moon", "mu": 2.0, "tau": 0.5, **algo},
+        train={"batch_size": 100000, "lr": 0.1, "local_epochs": 1, "client_fraction": 0.5},
+    )
+    return Simulation(validate(cfg))
+
+
+def test_first_prev_initial_sends_the_initial_model_until_the_first_upload():
+    sim = _moon_sim(first_prev="initial")
+    algo, senv, server = sim.algo, sim.senv, sim.server
+    init = server["init"]
+    assert all(torch.equal(init[k], v) and init[k] is not v for k, v in server["weights"].items())
+    assert server["uploaded"] == []
+    later = {**server, "weights": _perturbed(server["weights"], 0.2, 3), "uploaded": [0, 2]}
+    for cid in range(4):
+        payload = algo.configure(senv, later, cid, 2, "train")
+        assert ("init" in payload) == (cid in (1, 3)), cid
+        if cid in (1, 3):  # the initial model, not the current global one
+            assert all(torch.equal(payload["init"][k], v) for k, v in init.items())
+    ups = {3: {"weights": later["weights"], "num_samples": 5}}
+    assert algo.aggregate(senv, later, ups, 2, "train")["uploaded"] == [0, 2, 3]
+    # the default keeps no initial model and sends none
+    plain = _moon_sim()
+    assert set(plain.server) == {"weights"}
+    assert set(plain.algo.configure(plain.senv, plain.server, 1, 1, "train")) == {"weights"}
+
+
+@pytest.mark.parametrize("first_prev", ["none", "initial"])
+def test_a_first_selection_in_a_later_round_by_hand(first_prev):
+    """A client without a previous model, in a round whose global model is not the initial one:
+    ``initial`` contrasts against the initial model (one step of CE + mu l_con written out),
+    ``none`` trains on CE alone."""
+    sim = _moon_sim(first_prev=first_prev)
+    env = sim.envs[1]
+    x, y = env.data.train_x, env.data.train_y
+    init = sim.server["weights"]
+    g = _perturbed(init, 0.3, 5)
+    payload = sim.algo.configure(sim.senv, {**sim.server, "weights": g}, 1, 4, "train")
+    out = sim.algo.client_update(env, payload, {}, 4, "train")
+    model = env.model("check")
+    mu = 2.0 if first_prev == "initial" else 0.0
+    want = _moon_step(model, g, g, init, x, y, mu, 0.5, 0.1)
+    for k, v in want.items():
+        assert torch.allclose(out.upload["weights"][k], v, atol=1e-6), k
+    other = _moon_step(model, g, g, init, x, y, 2.0 - mu, 0.5, 0.1)
+    assert max(float((other[k] - want[k]).abs().max()) for k in want) > 1e-4
+    assert all(torch.equal(out.state["prev"][k], v) for k, v in out.upload["weights"].items())
+
+
+def test_first_prev_initial_round_one_adds_mu_log2_and_changes_no_step():
+    """In round 1 the initial model is the downloaded one: z_prev = z_glob, l_con = log 2 with
+    zero gradient, so the models are FedAvg's and the loss is FedAvg's + mu log 2; the first
+    download carries the initial model too."""
+    moon = _moon_sim(first_prev="initial")
+    fedavg = Simulation(
+        validate(
+            tiny_config(
+                algorithm={"name": "fedavg", "weighting": "samples"},
+                train={"batch_size": 100000, "lr": 0.1, "local_epochs": 1, "client_fraction": 0.5},
+            )
+        )
+    )
+    m1, f1 = moon.run_round(1), fedavg.run_round(1)
+    assert m1["clients"] == f1["clients"]
+    assert m1["train_loss"] == pytest.approx(f1["train_loss"] + 2.0 * math.log(2), abs=1e-5)
+    for k, v in fedavg.server["weights"].items():
+        assert torch.allclose(moon.server["weights"][k], v, atol=1e-6), k
+    assert m1["bytes_down"] == [2 * b for b in f1["bytes_down"]]  # weights + initial model
+    assert moon.server["uploaded"] == sorted(m1["clients"])

@@ -111,3 +111,63 @@ def test_the_scored_model_is_theta_and_the_global_model_is_w():
     assert not torch.allclose(want_theta["head.weight"], want_w["head.weight"], atol=1e-3)
     trained = algo.trained_weights(env, view, upd.upload, upd.state)
     assert all(torch.equal(trained[k], got[k]) for k in got)
+
+
+# -- options for PFLlib's code ------------------------------------------------------------------
+def hand_round_with_decay(steps, mu):
+    """hand_round with PFLlib's inner step theta - plr (g + lam (theta - w) + mu theta)
+    (pFedMeOptimizer.step); the reported loss adds (mu / 2) ||theta||^2."""
+    w = {k: v.double() for k, v in start().items()}
+    theta = dict(w)
+    losses = []
+    for _ in range(steps):
+        for _ in range(K):
+            t = {k: v.clone().requires_grad_() for k, v in theta.items()}
+            grads = torch.autograd.grad(h_loss(t), list(t.values()))
+            theta = {
+                k: theta[k] - PLR * (g + LAM * (theta[k] - w[k]) + mu * theta[k])
+                for k, g in zip(theta, grads, strict=True)
+            }
+        pull = 0.5 * LAM * sum(((w[k] - theta[k]) ** 2).sum() for k in w)
+        decay = 0.5 * mu * sum((v**2).sum() for v in theta.values())
+        losses.append((h_loss(theta) + pull + decay).item())
+        w = {k: w[k] - LR * LAM * (w[k] - theta[k]) for k in w}
+    return w, theta, sum(losses) / len(losses)
+
+
+def test_theta_decay_adds_mu_theta_to_every_inner_step():
+    algo, senv, env = pfedme(local_steps=2, theta_decay=0.5)
+    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    want_w, want_theta, want_loss = hand_round_with_decay(2, 0.5)
+    for k in want_w:
+        assert torch.allclose(upd.upload["weights"][k].double(), want_w[k], atol=1e-6), k
+        assert torch.allclose(upd.state["personal"][k].double(), want_theta[k], atol=1e-6), k
+    assert upd.metrics["train_loss"] == pytest.approx(want_loss, rel=1e-6)
+    # the decay matters at this size (theta moves by more than the tolerance)
+    _, plain_theta, _ = hand_round(2)
+    assert (want_theta["head.weight"] - plain_theta["head.weight"]).abs().max() > 1e-2
+    # mu = 0 is the paper's step
+    algo0, _, env0 = pfedme(local_steps=2, theta_decay=0.0)
+    upd0 = algo0.client_update(env0, {"weights": start()}, {}, 1, "train")
+    for k in plain_theta:
+        assert torch.allclose(upd0.state["personal"][k].double(), plain_theta[k], atol=1e-6), k
+
+
+def test_scored_global_scores_the_global_model_as_pfllib_does():
+    """``scored: global``: the personalized accuracy scores the global model (the server's w),
+    and under MAP's protocol the uploaded w, not theta."""
+    algo, senv, env = pfedme(local_steps=2, scored="global")
+    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    server = algo.aggregate(senv, {"weights": start()}, {0: upd.upload}, 1, "train")
+    view = algo.eval_view(senv, server, 0)
+    assert algo.personal_weights(env, view, upd.state) is None  # None: view["weights"], w
+    want_w, want_theta, _ = hand_round(2)
+    for k in want_w:
+        assert torch.allclose(view["weights"][k].double(), want_w[k], atol=1e-6), k
+    trained = algo.trained_weights(env, view, upd.upload, upd.state)
+    for k in want_w:
+        assert torch.allclose(trained[k].double(), want_w[k], atol=1e-6), k
+    assert not torch.allclose(want_theta["head.weight"], want_w["head.weight"], atol=1e-3)
+    # training is the same whatever is scored: theta is still kept
+    for k in want_theta:
+        assert torch.allclose(upd.state["personal"][k].double(), want_theta[k], atol=1e-6), k

@@ -20,6 +20,9 @@ class Case:
     pflkit: dict = field(default_factory=dict)  # pflkit's algorithm section
     note: str = ""  # where each setting comes from
     settings: dict = field(default_factory=dict)  # other pflkit config sections, e.g. train
+    # added to the reference's round labels to give pflkit's round: 1 where the reference
+    # scores after local training (PFLlib's FedPHP), 0 where it scores before, as pflkit does
+    round_shift: int = 0
 
 
 _PFLLIB = "PFLlib main.py"
@@ -94,11 +97,14 @@ CASES: dict[str, Case] = {
                 "inner_steps": 5,
                 "beta": 1.0,
                 "weighting": "samples",
+                "theta_decay": 0.001,
+                "scored": "global",
             },
             "lambda 15, K 5, beta 1 (pFedMe's code), personal lr 0.01 (PFLlib's -lrp, as the "
-            "GPFL config). Known differences: PFLlib's inner step adds 0.001 theta "
-            "(fedoptimizer.py) and its 'personalized' accuracy scores the global model "
-            "(clientpFedMe.py lines 56-77).",
+            "GPFL config); uploads weighted by training samples (serverbase.py). PFLlib's code "
+            "forms: its inner step adds 0.001 theta (fedoptimizer.py lines 34, 45: theta_decay "
+            "0.001) and its 'personalized' accuracy scores the global model (clientpFedMe.py "
+            "lines 56, 68, 74-77; serverpFedMe.py lines 31, 41: scored global).",
         ),
         Case(
             "scaffold",
@@ -114,10 +120,13 @@ CASES: dict[str, Case] = {
             "pfllib",
             "MOON",
             ("-mu", "1", "-tau", "0.5"),
-            {"name": "moon", "mu": 1.0, "tau": 0.5},
+            {"name": "moon", "mu": 1.0, "tau": 0.5, "first_prev": "initial"},
             "mu 1 and tau 0.5 on both sides (pflkit's defaults, MOON's paper; PFLlib's -mu "
-            "default 0 is FedAvg). Known difference: PFLlib's previous model starts as the "
-            "initial model (clientmoon.py line 17).",
+            "default 0 is FedAvg). PFLlib's previous model starts as the initial model "
+            "(clientmoon.py line 17): first_prev initial (with every client in every round it "
+            "changes only round 1's reported loss, by mu log 2). Known difference: PFLlib runs "
+            "its reference models in train mode (clientmoon.py lines 43-44, 53), which the "
+            "4-layer CNN (no BatchNorm, no dropout) does not notice.",
         ),
         Case(
             "fedproto",
@@ -144,6 +153,30 @@ CASES: dict[str, Case] = {
             {"name": "fedamp", "lam": 0.0},
             "PFLlib's penalty is built from p.data (clientamp.py lines 40-42) and has no "
             "gradient, so its clients train on cross-entropy alone: pflkit's lam 0 is that run.",
+        ),
+        Case(
+            "fedphp",
+            "pfllib",
+            "FedPHP",
+            ("-mu", "0.9", "-lam", "0.01"),
+            {
+                "name": "fedphp",
+                "lam": 0.01,
+                "mu": 0.9,
+                "kt": "mmd",
+                "mmd_form": "pfllib",
+                "hpm_init": "start",
+                "mu_schedule": "code",
+                "personal": "trained",
+            },
+            "mu 0.9 and lambda 0.01: PFLlib's author's values for FedPHP (PFLlib issue #102) "
+            "and pflkit's defaults (main.py's -lam 1 / -mu 0 would train on the MMD alone). "
+            "PFLlib's code forms: its fixed-bandwidth MMD (clientphp.py lines 93-130), the "
+            "private model a copy of the initial model (line 15), momentum (mu / T) R (lines 12, "
+            "48), each client's just-trained model scored (serverphp.py lines 28-34). Known "
+            "difference: PFLlib evaluates after local training, so its 'Round number: r' is "
+            "pflkit's round r + 1 (it runs rounds 0-50): round_shift 1 aligns the curves.",
+            round_shift=1,
         ),
         # FL-bench (pFedSim's Table 3 ran its baselines there): config fmnist_dir01_xc.yaml
         Case("fedavg-flbench", "flbench", "fedavg", (), {"name": "fedavg"}, f"{_FLB} defaults."),
@@ -200,20 +233,33 @@ CASES: dict[str, Case] = {
             "flbench",
             "fedgen",
             (),
-            {"name": "fedgen", "eta": 0.0},
-            "FL-bench's ensemble_eta 0 (src/server/fedgen.py); the other FedGen defaults agree. "
-            "Known difference: FL-bench draws the teacher labels from the client's own labels, "
-            "pflkit from the server's label set.",
+            {"name": "fedgen", "eta": 0.0, "teacher_labels": "client"},
+            "FL-bench's ensemble_eta 0 (src/server/fedgen.py line 32); its clients draw the "
+            "teacher labels from their own labels (src/client/fedgen.py lines 66-72): "
+            "teacher_labels client; the other FedGen defaults agree (lines 26-39). Known "
+            "differences: FL-bench trains the generator against the server model's own "
+            "classifier, not the clients' heads (lines 98-111), on labels whose mean count over "
+            "the round's clients exceeds 1 (lines 139-143), decays its lr by 0.98 a round, and "
+            "its clients run the generator in train mode (src/client/fedgen.py line 45).",
         ),
         Case(
             "feddyn",
             "flbench",
             "feddyn",
             (),
-            {"name": "feddyn", "alpha": 0.1, "weighting": "samples"},
-            "alpha 0.1 and gradient clipping at 10 (src/server/feddyn.py, src/client/feddyn.py; "
-            "pflkit clips before adding FedDyn's terms, FL-bench after). Known difference: "
-            "FL-bench's client loss has the linear term only (no alpha/2 ||theta||^2 part).",
+            {
+                "name": "feddyn",
+                "alpha": 0.1,
+                "weighting": "samples",
+                "prox_term": "linear",
+                "clip_on": "total",
+            },
+            "alpha 0.1 and gradient clipping at 10 (src/server/feddyn.py lines 23-24), of the "
+            "whole gradient, FedDyn's terms included (src/client/feddyn.py lines 33-37): "
+            "clip_on total; FL-bench's client loss CE + alpha <theta, nabla_k - theta^{t-1}> "
+            "(client lines 30-32, server lines 34-36; SGD without weight decay) has no "
+            "alpha/2 ||theta||^2 part: prox_term linear; uploads weighted by training samples. "
+            "Known difference: FL-bench skips batches of one sample (client lines 24-25).",
             {"train": {"grad_clip": 10.0}},
         ),
     ]

@@ -326,9 +326,9 @@ BREAKS += [
         "pfedme",
         "local update of w with personal_lr",
         "algorithms/pfedme.py",
-        "model, steps=steps, loss_fn=pfedme_loss(theta, p.lam, p.personal_lr, p.inner_steps)",
-        "model, steps=steps, lr=p.personal_lr,"
-        " loss_fn=pfedme_loss(theta, p.lam, p.personal_lr, p.inner_steps)",
+        "loss_fn=pfedme_loss(theta, p.lam, p.personal_lr, p.inner_steps, p.theta_decay),",
+        "lr=p.personal_lr,"
+        " loss_fn=pfedme_loss(theta, p.lam, p.personal_lr, p.inner_steps, p.theta_decay),",
         PFEDME,
     ),
     Break(
@@ -354,5 +354,21 @@ BREAKS += [
         'weighting: Weighting = param("uniform", "paper (Alg. 1: mean over S)")',
         'weighting: Weighting = param("samples", "paper (Alg. 1: mean over S)")',
         PFEDME,
+    ),
+    Break(
+        "pfedme",
+        "theta_decay pushes theta away from zero (PFLlib's mu theta with the wrong sign)",
+        "algorithms/pfedme.py",
+        "loss = loss + 0.5 * theta_decay * sum(v.pow(2).sum() for v in params.values())",
+        "loss = loss - 0.5 * theta_decay * sum(v.pow(2).sum() for v in params.values())",
+        ("tests/test_pfedme.py::test_theta_decay_adds_mu_theta_to_every_inner_step",),
+    ),
+    Break(
+        "pfedme",
+        "scored: global still scores theta",
+        "algorithms/pfedme.py",
+        "            return None  # the global model w",
+        '            return state.get("personal")',
+        ("tests/test_pfedme.py::test_scored_global_scores_the_global_model_as_pfllib_does",),
     ),
 ]

@@ -368,6 +368,14 @@ BREAKS = [
         "            pass",
         FEDGEN,
     ),
+    Break(
+        "fedgen",
+        "teacher_labels: client draws from the client's test labels",
+        "algorithms/fedgen.py",
+        "labels = torch.unique(env.data.train_y)",
+        "labels = torch.unique(env.data.test_y)",
+        (GEN + "test_teacher_labels_client_draws_from_the_clients_own_training_labels",),
+    ),
     # -- FedDyn --------------------------------------------------------------------------------------
     Break(
         "feddyn",
@@ -424,5 +432,21 @@ BREAKS = [
         "new_grad = {k: g - a * (weights[k] - theta[k])",
         "new_grad = {k: g + a * (weights[k] - theta[k])",
         FEDDYN,
+    ),
+    Break(
+        "feddyn",
+        "prox_term: linear with the wrong sign (+ alpha theta^{t-1})",
+        "algorithms/feddyn.py",
+        "shift_grad([(p, -a * theta[k]) for k, p in params.items()])",
+        "shift_grad([(p, a * theta[k]) for k, p in params.items()])",
+        (AB + "test_feddyn_linear_prox_term_is_flbench_loss_by_hand",),
+    ),
+    Break(
+        "feddyn",
+        "clip_on: total clips before FedDyn's terms",
+        "algorithms/feddyn.py",
+        "hooks.append(clip_grad(clip))",
+        "hooks.insert(0, clip_grad(clip))",
+        (AB + "test_feddyn_clip_on_by_hand",),
     ),
 ]

@@ -264,6 +264,17 @@ BREAKS = [
         'prev = {k: v.clone() for k, v in payload["weights"].items()}',
         (MO + "test_one_client_step_by_hand",),
     ),
+    Break(
+        "moon",
+        "first_prev: initial sends the current global model as the first previous model",
+        "algorithms/moon.py",
+        'payload["init"] = server["init"]',
+        'payload["init"] = server["weights"]',
+        (
+            MO + "test_a_first_selection_in_a_later_round_by_hand",
+            MO + "test_first_prev_initial_sends_the_initial_model_until_the_first_upload",
+        ),
+    ),
     # -- FedAMP ------------------------------------------------------------------------------------
     Break(
         "fedamp",

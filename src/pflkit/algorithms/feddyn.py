@@ -13,8 +13,9 @@ it)::
     g_k      <- g_k - alpha (theta_k^t - theta^{t-1})
 
 The argmin is approximated by E epochs of local SGD: the linear term adds -g_k to each
-gradient and the quadratic term alpha (theta - theta^{t-1}) (gradient hooks, after
-``train.grad_clip``; the reported loss is the task loss alone).
+gradient and the quadratic term alpha (theta - theta^{t-1}) (gradient hooks; the reported loss
+is the task loss alone). ``train.grad_clip`` clips the task loss's gradient before these terms
+are added (``clip_on: task``, the engine's order).
 
 Server, with m = the number of clients and P_t the round's clients::
 
@@ -26,11 +27,32 @@ Deviations: BatchNorm running statistics are buffers, not parameters: they are a
 FedAvg (no h correction); integer buffers are taken from the first client. The server model
 theta^t is the model evaluated and sent (the paper's code also reports an "all clients"
 average). ``weighting: samples`` would weight the mean by n_k; the paper's mean is uniform.
+
+Options for FL-bench's FedDyn (06e658b; ``src/client/feddyn.py``, ``src/server/feddyn.py``):
+
+- ``prox_term: linear``: the client's regulariser without the (alpha/2) ||theta||^2 part of
+  the quadratic term, i.e. -<g_k, theta> - alpha <theta^{t-1}, theta>: each gradient gets
+  -g_k - alpha theta^{t-1} (no alpha theta). FL-bench's client loss is CE + alpha <theta,
+  delta_k> (client lines 30-32) with delta_k = nabla_k - theta^{t-1} (server lines 34-36),
+  where nabla_k, the sum of the client's drifts theta_k - theta^{t-1} (server line 50, the
+  upload being theta^{t-1} - theta_k), is -g_k / alpha here; its SGD has no weight decay
+  (``config/defaults.yaml``, ``optimizer.weight_decay: 0``) to add alpha theta back. Its server
+  step, mean_k theta_k + the mean over all m clients of nabla_k (server lines 50-54), is the one
+  above with ``weighting: samples`` (FL-bench weights each upload by its training-set size,
+  ``src/client/fedavg.py`` line 178). Default ``quadratic``: the paper's (alpha/2)
+  ||theta - theta^{t-1}||^2.
+- ``clip_on: total``: ``train.grad_clip`` clips the whole gradient, FedDyn's terms included,
+  as FL-bench clips after ``loss.backward()`` of its full loss (client lines 33-37,
+  ``max_grad_norm`` 10, server line 24).
+
+FL-bench's client also skips batches of one sample (client lines 24-25); pflkit trains on them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
 
@@ -45,7 +67,7 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.blocks.training import Weights, proximal_pull, shift_grad
+from pflkit.algorithms.blocks.training import Weights, clip_grad, proximal_pull, shift_grad
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 
@@ -79,6 +101,12 @@ class FedDyn(Algorithm):
     class Params(Algorithm.Params):
         alpha: float = param(0.01, "pFedSim App. A.5 (paper grid {0.1, 0.01, 0.001})", gt=0)
         weighting: Weighting = param("uniform", "paper (Alg. 1: mean over P_t)")
+        prox_term: Literal["quadratic", "linear"] = param(
+            "quadratic", "paper (Eq. 1); linear: FL-bench src/client/feddyn.py lines 30-32"
+        )
+        clip_on: Literal["task", "total"] = param(
+            "task", "pflkit engine (paper: no clipping); total: FL-bench client lines 33-37"
+        )
 
     def server_init(self, env: ServerEnv) -> State:
         return {"weights": env.init_weights(), "h": param_zeros(env.model())}
@@ -89,10 +117,16 @@ class FedDyn(Algorithm):
         model = env.model()
         grad = state.get("grad") or param_zeros(model)
         params = dict(model.named_parameters())
-        hooks = [
-            shift_grad([(p, -grad[k]) for k, p in params.items()]),
-            proximal_pull([(p, theta[k]) for k, p in params.items()], a),
-        ]
+        hooks = [shift_grad([(p, -grad[k]) for k, p in params.items()])]
+        if self.params.prox_term == "quadratic":
+            hooks.append(proximal_pull([(p, theta[k]) for k, p in params.items()], a))
+        else:  # linear: the quadratic term's -alpha <theta^{t-1}, theta> part only
+            hooks.append(shift_grad([(p, -a * theta[k]) for k, p in params.items()]))
+        clip = env.run.train.grad_clip
+        if self.params.clip_on == "total" and clip is not None:  # clip after FedDyn's terms
+            train = env.run.train.model_copy(update={"grad_clip": None})
+            env = dataclasses.replace(env, run=dataclasses.replace(env.run, train=train))
+            hooks.append(clip_grad(clip))
         weights, loss = train_from(env, theta, grad_hooks=hooks)
         new_grad = {k: g - a * (weights[k] - theta[k]) for k, g in grad.items()}
         upload = {"weights": weights, "num_samples": env.num_train}

@@ -22,9 +22,12 @@ Client k (Eq. 5, with the code's latent-matching term): E local epochs on
     CE(theta_k; x, y) + alpha_t * CE(h(G_w(z, y~); theta_k^p), y~)
                       + beta_t * KL( softmax(h(G_w(z, y); theta_k^p)) || softmax(f(x; theta_k)) )
 
-with y~ drawn uniformly from the downloaded labels (``gen_batch`` per step), z ~ N(0, I), the
-generator frozen (eval mode), and alpha_t = alpha * decay^(t-1), beta_t likewise. Round 1 has no
-generator yet: plain FedAvg.
+with y~ drawn uniformly from the downloaded labels (``gen_batch`` per step; ``teacher_labels:
+server``, the default), z ~ N(0, I), the generator frozen (eval mode), and alpha_t = alpha *
+decay^(t-1), beta_t likewise. Round 1 has no generator yet: plain FedAvg. ``teacher_labels:
+client`` draws y~ uniformly from the labels of the client's own training split instead, as
+FL-bench's client does (``np.random.choice(self.clients_available_labels[self.client_id],
+gen_batch_size)``, ``src/client/fedgen.py`` lines 66-72 with lines 23-25, FL-bench 06e658b).
 
 Defaults (pFedSim App. A.5): generator hidden 32, noise 32, 5 generator iterations per round,
 generated batch 32, alpha = beta = 10 decaying by 0.98 per round; eta = 1 and the generator's
@@ -33,11 +36,21 @@ hidden) -> BatchNorm1d -> ReLU -> Linear(hidden -> feature_dim), y one-hot (FedG
 Deviations: the code's KD of the server model on the ensemble is off there too (beta = 0);
 its per-round lr decay of the generator is not applied; the teacher loss is not rescaled by
 gen_batch / batch_size (1 at the defaults).
+
+FL-bench's FedGen (06e658b) differs further, with no option here: its generator's teacher is
+the server model's own classifier (``self.model.classifier``, before the round's aggregation),
+not the clients' heads (``src/server/fedgen.py`` lines 98-111: the loaded ``teacher_model`` is
+unused, and the per-label shares sum to 1 over the clients); it draws ``common.batch_size``
+generator labels a step (line 88) from those whose mean count over the round's clients exceeds
+``min_samples_per_label`` (lines 139-143) and decays the generator's lr by 0.98 a round (lines
+51-53, 128); its clients run the generator in train mode (``src/client/fedgen.py`` line 45) and
+skip batches of one sample (line 49).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -114,6 +127,9 @@ class FedGen(Algorithm):
         eta: float = param(1.0, "FedGen code (diversity weight)", ge=0)
         gen_lr: float = param(3e-4, "FedGen code (Adam)", gt=0)
         weighting: Weighting = param("samples", "paper (FedAvg aggregation)")
+        teacher_labels: Literal["server", "client"] = param(
+            "server", "paper (labels seen by the server); client: FL-bench src/client/fedgen.py"
+        )
 
     def generator(self, env: ServerEnv | ClientEnv, weights: Mapping | None = None) -> Generator:
         p = self.params
@@ -144,6 +160,8 @@ class FedGen(Algorithm):
         p = self.params
         gen = self.generator(env, payload["gen"]).eval()
         labels = payload["labels"]
+        if p.teacher_labels == "client":  # the labels of the client's training split
+            labels = torch.unique(env.data.train_y)
         a_t = p.alpha * p.decay ** (rnd - 1)
         b_t = p.beta * p.decay ** (rnd - 1)
 

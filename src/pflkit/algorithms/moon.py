@@ -42,13 +42,26 @@ Deviations and choices:
   global model, which in round 1 equals the downloaded model, giving l_con a zero gradient. A
   client first selected in a later round is, in the MAP code, pushed away from the initial
   global model (in the official code, from its own never-trained initial network); here it
-  trains on CE in that round.
+  trains on CE in that round (``first_prev: none``, the default).
+- ``first_prev: initial`` (PFLlib's code): a client's previous model starts as the initial
+  global model, ``old_model = copy.deepcopy(self.model)`` at construction
+  (``system/flcore/clients/clientmoon.py`` line 17, PFLlib d832e76), so l_con applies from a
+  client's first selection with the initial model as the negative. In round 1 the initial model
+  is the downloaded one, z_glob = z_prev, and l_con = log 2 has zero gradient (only the reported
+  loss changes); a client first selected later is pushed away from the initial model. The
+  server keeps a copy of the initial model and sends it with a client's download until an
+  upload of that client has arrived (counted as communication; PFLlib's clients hold it).
 - ``prev`` is the client's last trained model, whenever it last took part (as in both codes).
 - With ``mu`` = 0 the loss, gradients and upload equal FedAvg's (the reference models are still
   evaluated, in eval mode, so they change nothing).
+- PFLlib runs its reference models in train mode (the server's global model and a deep copy of
+  the trained model, clientmoon.py lines 43-44, 53, 66); here they run in eval mode. The two
+  differ only for models with BatchNorm or dropout.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +117,9 @@ class MOON(FedAvg):
     class Params(FedAvg.Params):
         mu: float = param(1.0, "paper (1 for CIFAR-100/Tiny-ImageNet, 5 for CIFAR-10)", ge=0)
         tau: float = param(0.5, "paper and MAP code (factor 2.0 = 1 / tau)", gt=0)
+        first_prev: Literal["none", "initial"] = param(
+            "none", "official code (round 1: l_con = 0); initial: PFLlib clientmoon.py line 17"
+        )
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
@@ -118,8 +134,30 @@ class MOON(FedAvg):
             set_weights(prev_model, prev)
         return moon_loss(global_model, prev_model, p.mu, p.tau)
 
+    def server_init(self, env: ServerEnv) -> State:
+        server = super().server_init(env)
+        if self.params.first_prev == "initial":  # the initial model, and who has uploaded since
+            server["init"] = {k: v.clone() for k, v in server["weights"].items()}
+            server["uploaded"] = []
+        return server
+
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+        payload = super().configure(env, server, cid, rnd, phase)
+        if "init" in server and cid not in server["uploaded"]:
+            payload["init"] = server["init"]  # the client's previous model before its first
+        return payload
+
+    def aggregate(self, env, server, uploads, rnd, phase) -> State:
+        new = super().aggregate(env, server, uploads, rnd, phase)
+        if "uploaded" in server:
+            new["uploaded"] = sorted(set(server["uploaded"]) | set(uploads))
+        return new
+
     def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
-        loss_fn = self.moon_objective(env, payload, state.get("prev"))
+        prev = state.get("prev")
+        if prev is None:
+            prev = payload.get("init")  # first_prev: initial
+        loss_fn = self.moon_objective(env, payload, prev)
         weights, loss = train_from(env, payload["weights"], loss_fn=loss_fn)
         upload = {"weights": weights, "num_samples": env.num_train}
         prev = {k: v.clone() for k, v in weights.items()}

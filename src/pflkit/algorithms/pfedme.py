@@ -25,11 +25,31 @@ R directly as the paper does, R = 20). The local update uses the config's optimi
 gradient step of size eta on (lam / 2) ||w - theta_i||^2).
 
 Deviations: a client never selected yet is scored with the global model (it has no theta).
+
+Options for PFLlib's code (system/flcore, commit d832e76):
+
+- ``theta_decay`` (mu): adds (mu / 2) ||theta||^2 to the inner problem, so each inner step is
+  theta <- theta - personal_lr (grad f + lam (theta - w) + mu theta), PFLlib's
+  ``pFedMeOptimizer.step`` (``optimizers/fedoptimizer.py`` lines 34 and 45, mu = 0.001 fixed).
+  The paper's inner problem has no such term: default 0. The reported training loss then
+  includes (mu / 2) ||theta||^2 (the inner objective at the new theta).
+- ``scored``: what pflkit scores as pFedMe's personalized model. ``personal`` (default, the
+  paper): theta. ``global``: the global model w, scored as FedAvg's (``personal_weights`` is
+  None; under MAP's protocol, ``eval.selected_clients``, the uploaded w). This is what PFLlib's
+  "personalized" accuracy measures: ``optimizer.step`` returns the model's own parameter
+  objects (fedoptimizer.py line 47), so ``personalized_params`` is the model
+  (``clients/clientpFedMe.py`` line 56); the model is then set to the local w (line 68) and, at
+  the next ``send_models``, to the global model (lines 74-77; ``servers/serverpFedMe.py`` line
+  31), before ``evaluate_personalized`` scores it (serverpFedMe.py line 41, clientpFedMe.py
+  line 81). A client PFLlib never trained keeps a copy of the initial model there (line 19)
+  and is scored with it; pflkit scores it with the global model (no difference under full
+  participation).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -72,17 +92,23 @@ def moreau_steps(
     return {k: v.detach() for k, v in theta.items()}
 
 
-def pfedme_loss(theta: Params, lam: float, lr: float, k_steps: int) -> LossFn:
+def pfedme_loss(
+    theta: Params, lam: float, lr: float, k_steps: int, theta_decay: float = 0.0
+) -> LossFn:
     """Per batch: solve the inner problem (updating ``theta`` in place, warm start), then
     return a loss whose gradient with respect to w is lam (w - theta) and whose value is the
-    inner objective at the new theta."""
+    inner objective at the new theta. ``theta_decay`` mu adds (mu / 2) ||theta||^2 to f (PFLlib's
+    inner step; module docstring)."""
 
     def loss_fn(model, x, y):
         w = dict(model.named_parameters())
         anchor = {k: v.detach() for k, v in w.items()}
 
         def f(params):
-            return F.cross_entropy(functional_call(model, params, (x,)), y)
+            loss = F.cross_entropy(functional_call(model, params, (x,)), y)
+            if theta_decay:  # its gradient: theta_decay * theta
+                loss = loss + 0.5 * theta_decay * sum(v.pow(2).sum() for v in params.values())
+            return loss
 
         theta.update(moreau_steps(f, theta, anchor, lam, lr, k_steps))
         pull = 0.5 * lam * sum((w[k] - theta[k]).pow(2).sum() for k in w)
@@ -105,6 +131,12 @@ class PFedMe(FedAvg):
         beta: float = param(1.0, "authors' code README (beta = 1: plain averaging)", gt=0)
         local_steps: int | None = param(None, "PFLlib (None: train.local_epochs epochs)", ge=1)
         weighting: Weighting = param("uniform", "paper (Alg. 1: mean over S)")
+        theta_decay: float = param(
+            0.0, "paper (none); PFLlib pFedMeOptimizer (fedoptimizer.py lines 34, 45): 0.001", ge=0
+        )
+        scored: Literal["personal", "global"] = param(
+            "personal", "paper (theta); global: PFLlib's 'personalized' accuracy (clientpFedMe.py)"
+        )
 
     def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
         p, t = self.params, env.run.train
@@ -113,7 +145,9 @@ class PFedMe(FedAvg):
         theta = {k: v.detach().clone() for k, v in model.named_parameters()}
         steps = p.local_steps or t.local_epochs * steps_per_epoch(env.num_train, t.batch_size)
         loss = env.train(
-            model, steps=steps, loss_fn=pfedme_loss(theta, p.lam, p.personal_lr, p.inner_steps)
+            model,
+            steps=steps,
+            loss_fn=pfedme_loss(theta, p.lam, p.personal_lr, p.inner_steps, p.theta_decay),
         )
         w = get_weights(model)
         personal = {k: theta.get(k, v).detach().clone() for k, v in w.items()}
@@ -129,7 +163,11 @@ class PFedMe(FedAvg):
         return {**server, "weights": weights}
 
     def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+        if self.params.scored == "global":
+            return None  # the global model w
         return state.get("personal")
 
     def trained_weights(self, env, view, upload, state):
+        if self.params.scored == "global":
+            return upload["weights"]  # w after local training, as FedAvg is scored
         return state["personal"]
