@@ -101,7 +101,10 @@ def _claim(out: Path, cfg: ExperimentConfig) -> None:
     text = yaml.safe_dump(identity, sort_keys=True)
     manifest = out / MANIFEST
     if manifest.exists():
-        if manifest.read_text() != text:
+        changed = cfg.model_dump(mode="json", exclude_defaults=True)
+        if manifest.read_text() != text and _differs(
+            yaml.safe_load(manifest.read_text()), identity, changed
+        ):
             raise PflkitError(
                 f"compare folder '{out}' holds a compare of another config (only engine, "
                 "output, threads and compare may change when continuing one): choose another --out"
@@ -114,6 +117,23 @@ def _claim(out: Path, cfg: ExperimentConfig) -> None:
         )
     make_folder(out, "compare folder")
     write_atomic(manifest, text)
+
+
+def _differs(stored: Any, current: Any, changed: Any) -> bool:
+    """Whether a compare folder's stored config ``stored`` differs from ``current`` (both
+    ``model_dump`` trees). A setting missing from ``stored`` counts as equal when ``current``
+    holds it at its default (it is not in ``changed``, the ``exclude_defaults`` dump): a
+    setting added to pflkit after the folder was started, at the default that keeps the old
+    behaviour, does not stop the compare from continuing."""
+    if not (isinstance(stored, dict) and isinstance(current, dict)):
+        return stored != current
+    changed = changed if isinstance(changed, dict) else {}
+    if set(stored) - set(current):
+        return True
+    return any(
+        (k in changed) if k not in stored else _differs(stored[k], current[k], changed.get(k))
+        for k in current
+    )
 
 
 def _run_one(
