@@ -167,7 +167,8 @@ def test_config_yaml_records_every_algorithm_default_and_list_params_shows_them(
     assert r.returncode == 0, r.stderr
     algo = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["algorithm"]
     assert algo["name"] == "map" and algo["alpha"] == 0.9 and algo["stage_b_fraction"] is None
-    assert algo["weighting"] == "uniform" and algo["kd_form"] == "paper" and len(algo) == 14
+    assert algo["weighting"] == "uniform" and algo["kd_form"] == "paper" and len(algo) == 16
+    assert algo["mmd_form"] == "multi_kernel" and algo["hpm_init"] == "trained"
     r = pflkit("list", "--params", "scamap", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "stage_b_fraction" in r.stdout and "authors' code" in r.stdout and "0.2" in r.stdout

@@ -127,14 +127,23 @@ def run(
     quiet: QuietOpt = False,
 ) -> None:
     """Run one experiment into a run folder (config, metrics.jsonl, summary.json, plots)."""
-    from pflkit.engine.runner import run_experiment
+    from pflkit.engine.runner import new_run_dir, run_experiment
 
     if resume is not None:
         if config is not None or out is not None:
             raise PflkitError(
                 "--resume takes the config from the run folder: drop CONFIG and --out"
             )
-        res = run_experiment(resume=resume, overrides=set_ or [], progress=False if quiet else None)
+        if not _resumable(resume, set_ or []):
+            return
+        try:
+            res = run_experiment(
+                resume=resume, overrides=set_ or [], progress=False if quiet else None
+            )
+        except KeyboardInterrupt:  # outside the round loop (which stops at a round's end)
+            raise RunInterrupted(
+                f"interrupted (Ctrl-C) outside a round: continue with pflkit run --resume {resume}"
+            ) from None
     else:
         if config is None:
             ctx = click.get_current_context()
@@ -143,10 +152,125 @@ def run(
                 "pflkit run needs a CONFIG file (e.g. configs/quickstart.yaml) or --resume DIR"
             )
         cfg = load_config(config, set_ or [], imports)
-        res = run_experiment(cfg, out=out, progress=False if quiet else None)
+        run_dir = new_run_dir(cfg, out)  # named here, so that an interrupt can say what is left
+        existed = run_dir.exists()
+        try:
+            res = run_experiment(cfg, out=run_dir, progress=False if quiet else None)
+        except KeyboardInterrupt:  # outside the round loop (which stops at a round's end)
+            raise _interrupted(run_dir, existed) from None
     final = res.summary.get("final", {})
     shown = ", ".join(f"{k} {100 * v:.2f}%" for k, v in final.items() if k != "round")
     out_console.print(f"run folder: {res.run_dir}\nlast round ({final.get('round')}): {shown}")
+
+
+def _interrupted(run_dir: Path, existed: bool) -> RunInterrupted:
+    """The sentence for a new run stopped by Ctrl-C outside its round loop. Before its first
+    round, what it wrote is removed (the folder is left as it was: absent, or empty)."""
+    import shutil
+
+    if (run_dir / "summary.json").exists():
+        return RunInterrupted(
+            f"interrupted (Ctrl-C) after the last round: the run finished; its metrics and "
+            f"summary are in {run_dir} (its curves.png may be missing)"
+        )
+    metrics = run_dir / "metrics.jsonl"
+    rows = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+    if rows:
+        return RunInterrupted(
+            f"interrupted (Ctrl-C) after round {rows}, outside a round: continue with "
+            f"pflkit run --resume {run_dir}"
+        )
+    if run_dir.is_dir():
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if existed:
+            run_dir.mkdir(exist_ok=True)
+    return RunInterrupted("interrupted (Ctrl-C) before the first round: nothing was written")
+
+
+def _resumable(run_dir: Path, overrides: list[str]) -> bool:
+    """Whether ``--resume run_dir`` has rounds to run; False (said on stdout) for a finished
+    run without a checkpoint at its rounds. Refused: lowering train.rounds below the rounds
+    already run (config.yaml would disagree with the metrics and summary), and more rounds for
+    a finished run without a checkpoint (it would start again from round 1)."""
+    from pflkit.engine.checkpoint import load_checkpoint
+    from pflkit.engine.runner import CHECKPOINT, resume_config
+    from pflkit.report.results import read_json
+
+    finished, checkpoint = run_dir / "summary.json", run_dir / CHECKPOINT
+    if not finished.is_file() and not checkpoint.is_file():
+        return True  # stopped before its first checkpoint: it runs again from round 1
+    rounds = resume_config(run_dir, overrides).train.rounds
+    if checkpoint.is_file():
+        if rounds >= resume_config(run_dir, []).train.rounds:
+            return True
+        done = int(load_checkpoint(checkpoint)["round"])
+        what = f"its checkpoint is at round {done}"
+    else:
+        done = read_json(finished, "run summary").get("rounds")
+        if not isinstance(done, int):
+            raise PflkitError(f"'{finished}' does not say how many rounds the run has: rerun it")
+        what = f"it finished {done} rounds"
+    if rounds < done:
+        raise PflkitError(
+            f"--set train.rounds={rounds} is below the rounds the run in '{run_dir}' has run "
+            f"({what}): its config.yaml would disagree with its metrics; give "
+            f"train.rounds >= {done}, or start a new run"
+        )
+    if checkpoint.is_file():
+        return True
+    if rounds == done:
+        out_console.print(
+            f"the run in '{run_dir}' has finished its {done} rounds: nothing to resume (it has "
+            "no checkpoint, so it cannot be continued for more rounds)",
+            highlight=False,
+        )
+        return False
+    raise PflkitError(
+        f"the run in '{run_dir}' finished its {done} rounds without a checkpoint "
+        f"(output.checkpoint_every: 0), so it cannot continue to round {rounds}: start a new "
+        f"run with --set train.rounds={rounds} (and output.checkpoint_every=N to be able to "
+        "continue it later)"
+    )
+
+
+def _usable_path(path: Path, what: str, option: str = "--out") -> None:
+    """Refuse, before any work, an output ``path`` (a file or a folder to create) that cannot
+    be written: a name the file system refuses, a file where a folder is needed on the way,
+    or a place where nothing can be created (e.g. under /proc). Nothing is left behind."""
+    import os
+    import tempfile
+
+    shown = str(path) if len(str(path)) < 80 else f"{str(path)[:60]}..."
+    try:
+        place = path.absolute() if path.is_dir() else path.absolute().parent
+        while not place.exists():
+            place = place.parent
+    except OSError as err:  # e.g. a name longer than the file system allows
+        raise PflkitError(
+            f"{option} '{shown}' is not a usable path ({err.strerror}): choose another {option}"
+        ) from None
+    if not place.is_dir():
+        raise PflkitError(
+            f"{option} '{shown}' lies under '{place}', which is a file, not a folder: "
+            f"choose another {option}"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(dir=place, prefix=".pflkit-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise PflkitError(
+            f"cannot write the {what} '{shown}' ({err.strerror or err}): nothing can be "
+            f"created in '{place}'; choose another {option}"
+        ) from None
+
+
+def _seconds(option: str, value: float, zero_ok: bool = True) -> float:
+    """A number of seconds given on the command line, checked (finite, >= 0 or > 0)."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise PflkitError(f"{option} {value} is not a number of seconds: give seconds {bound}")
+    return value
 
 
 @app.command()
@@ -215,11 +339,15 @@ def sweep(
     """Run a grid of settings for each algorithm over several seeds, then choose each
     algorithm's setting on validation accuracy and report its test accuracy (next to the best
     on test, labelled). Into an existing sweep folder of the same config it continues."""
+    import json
+
     from pflkit.config import parse_value, validate
     from pflkit.engine.compare import run_sweep
 
     overrides = _lists(set_, algorithms, seeds) + [
-        f"sweep.{k}={v}" for k, v in (("select", select), ("metric", metric), ("at", at)) if v
+        f"sweep.{k}={json.dumps(v)}"  # quoted: an empty value is refused, not read as null
+        for k, v in (("select", select), ("metric", metric), ("at", at))
+        if v is not None
     ]
     cfg = load_config(config, overrides, imports)
     extra = {}
@@ -230,6 +358,11 @@ def sweep(
             raise PflkitError(
                 f"invalid --grid '{item}': write a key and a list of values, e.g. "
                 '--grid "train.lr=[0.01,0.05]"'
+            )
+        if key in extra:
+            raise PflkitError(
+                f"--grid gives '{key}' twice: give each key once, with all its values in one "
+                f'list, e.g. --grid "{key}=[...]"'
             )
         extra[key] = values
     if extra:
@@ -309,7 +442,12 @@ def partition(
     from pflkit.report.plots import plot_class_heatmap
 
     cfg = load_config(config, set_ or [], imports)
+    if out is not None:
+        _heatmap_path(out)  # before the data: a wrong path fails at once
     data = build_federated(cfg.data)
+    path = out or Path(f"partition-{data.partition_id}.png")
+    if out is None:
+        _heatmap_path(path)
     splits = ["train", "test"] + (["val"] if data.has_val else [])
     table = sum(data.class_table(s) for s in (splits[:1] if train_only else splits))
     counted = "training samples" if train_only else f"samples ({' + '.join(splits)})"
@@ -324,11 +462,6 @@ def partition(
         sizes = [str(len(getattr(c, f"{s}_y"))) for s in splits]
         t.add_row(str(cid), *(str(int(v)) if v else "·" for v in row), *sizes)
     out_console.print(t)
-    path = out or Path(f"partition-{data.partition_id}.png")
-    if path.is_dir():
-        raise PflkitError(
-            f"--out '{path}' is a folder: give a file name, e.g. {path}/partition.png"
-        )
     part = dict(cfg.data.partition)
     name = part.pop("name", "?")
     args = ", ".join(f"{k}={v}" for k, v in part.items())
@@ -336,8 +469,27 @@ def partition(
         f"{cfg.data.dataset}, {cfg.data.num_clients} clients, {name}({args}): "
         f"{counted} per client and class"
     )
-    plot_class_heatmap(table, path, title=title, class_names=data.class_names)
+    try:
+        plot_class_heatmap(table, path, title=title, class_names=data.class_names)
+    except OSError as err:
+        raise PflkitError(
+            f"cannot write the heatmap '{path}' ({err.strerror or err}): choose another --out"
+        ) from None
     out_console.print(f"heatmap: {path}")
+
+
+def _heatmap_path(path: Path) -> None:
+    """Refuse a heatmap path that is a folder, does not end in .png, or cannot be written."""
+    _usable_path(path, "heatmap")
+    if path.is_dir():
+        raise PflkitError(
+            f"--out '{path}' is a folder: give a file name, e.g. {path}/partition.png"
+        )
+    if path.suffix.lower() != ".png":
+        raise PflkitError(
+            f"--out '{path}' does not end in .png: the heatmap is a PNG image; give a name "
+            f"like {path.stem or 'partition'}.png"
+        )
 
 
 @app.command(name="export")
@@ -434,6 +586,7 @@ def similarity(
         raise PflkitError("give the experiment config: pflkit analyze similarity CONFIG --out DIR")
     cfg = load_config(config, set_ or [])
     folder = out or Path(f"similarity-{cfg.name}")
+    _usable_path(folder, "output folder")
     res = similarity_study(cfg, folder, steps=steps, clients=clients)
     for m, s in res["scores"].items():
         rho = "n/a" if s["spearman"] is None else f"{s['spearman']:.3f}"
@@ -520,8 +673,7 @@ RoundTimeoutOpt = Annotated[
 def _waits(node_wait: float, round_timeout: float) -> dict[str, float]:
     """The run-config keys of the two waits, checked."""
     for name, value in (("--node-wait", node_wait), ("--round-timeout", round_timeout)):
-        if not math.isfinite(value) or value < 0:
-            raise PflkitError(f"{name} {value} is not a number of seconds: give seconds >= 0")
+        _seconds(name, value)
     return {"node-wait": node_wait, "round-timeout": round_timeout}
 
 
@@ -566,6 +718,7 @@ def flower_local(
     import shutil
     import tempfile
 
+    from pflkit.engine.folder import make_folder
     from pflkit.engine.runner import new_run_dir
     from pflkit.engine.simulation import Simulation
     from pflkit.flower import require_flower
@@ -574,10 +727,19 @@ def flower_local(
     from pflkit.flower.local import Federation, split_clients
 
     waits = _waits(node_wait, round_timeout)
+    _seconds("--timeout", timeout, zero_ok=False)
+    if workdir is not None:
+        if workdir.exists() and not workdir.is_dir():
+            raise PflkitError(
+                f"--workdir '{workdir}' is a file, not a folder: choose another --workdir"
+            )
+        _usable_path(workdir, "Flower work folder", "--workdir")
     cfg = load_config(config, set_ or [], imports)
     run_dir = new_run_dir(cfg, out).resolve()
     spec = split_clients(cfg.data.num_clients, nodes)
     Simulation(cfg)  # every config, data and model error now, before a process starts
+    if workdir is not None:
+        make_folder(workdir, "Flower work folder")
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pflkit-flower-"))
     with Federation(spec, work, tls=tls, auth=auth) as fed:
         security = "TLS + SuperNode auth" if fed.auth else "TLS" if fed.tls else "insecure"
@@ -634,6 +796,7 @@ def flower_run(
             f"--root-certificates '{root_certificates}' does not exist: check the path"
         )
     waits = _waits(node_wait, round_timeout)
+    _seconds("--timeout", timeout, zero_ok=False)
     cfg = load_config(config, set_ or [], imports)
     home = Path(tempfile.mkdtemp(prefix="pflkit-flwr-")) / "flwr-home"
     Connection(superlink, home, root_certificates).run(
@@ -683,9 +846,16 @@ def flower_node_key(
     out_console.print(f"wrote {private} and {public}")
 
 
+#: a Ctrl-C that no command turned into a sentence of its own (``run``'s round loop stops at a
+#: round's end and says how to resume; ``compare`` says how to continue)
+INTERRUPTED = "interrupted (Ctrl-C): stopped at once"
+
+
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # with standalone_mode=False, click returns the code of an Exit instead of exiting;
+        # typer turns a KeyboardInterrupt into Exit(130)
+        code = app(standalone_mode=False)
     except RunInterrupted as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(143 if err.signal == "SIGTERM" else 130)
@@ -693,7 +863,7 @@ def main() -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"error: {INTERRUPTED}", file=sys.stderr)
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -704,6 +874,10 @@ def main() -> None:
             err.show()
             sys.exit(err.exit_code)
         raise
+    if code == 130:
+        print(f"error: {INTERRUPTED}", file=sys.stderr)
+    if isinstance(code, int) and code != 0:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,12 @@ from pflkit.errors import PflkitError
 # a seed must fit numpy's and torch's generators; more threads than this is a typo
 MAX_SEED = 2**32 - 1
 MAX_THREADS = 512
+# upper bounds far above any real experiment: a larger value is a typo (an extra zero or an
+# exponent) that would otherwise run for ever or exhaust memory (docs/guide.md, "Bounds")
+MAX_ROUNDS = 1_000_000  # train.rounds and every count of rounds
+MAX_EPOCHS = 10_000  # train.local_epochs, eval.finetune_epochs
+MAX_BATCH = 1_000_000  # train.batch_size, eval.batch_size (100000 already means full batch)
+MAX_CLIENTS = 1_000_000  # model.per_client[].count
 
 
 class StrictNumbers(BaseModel):
@@ -110,7 +116,7 @@ class ArchSpec(_Section):
 
     name: str
     options: dict[str, Any] = {}
-    count: int = Field(1, gt=0)
+    count: int = Field(1, gt=0, le=MAX_CLIENTS)
 
 
 class ModelConfig(_Section):
@@ -123,13 +129,13 @@ class ModelConfig(_Section):
 
 
 class TrainConfig(_Section):
-    rounds: int = Field(50, gt=0)
+    rounds: int = Field(50, gt=0, le=MAX_ROUNDS)
     # the share of the clients sampled each round, max(round(share * K), 1) of them; a range
     # [a, b] draws the share uniformly from [a, b] anew each round, from the seed and the round
     # (GPFL's random participation, its Table 4; pflkit.engine.simulation.round_fraction)
     client_fraction: float | list[float] = 1.0
-    local_epochs: int = Field(1, gt=0)
-    batch_size: int = Field(10, gt=0)
+    local_epochs: int = Field(1, gt=0, le=MAX_EPOCHS)
+    batch_size: int = Field(10, gt=0, le=MAX_BATCH)
     lr: float = Field(0.005, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
@@ -165,7 +171,7 @@ class TrainConfig(_Section):
     # (an algorithm's own ones too, e.g. Ditto's personal_lr)
     lr_schedule: Literal["constant", "step", "cosine"] = "constant"
     lr_gamma: float = Field(0.99, gt=0, le=1)
-    lr_step_rounds: int = Field(1, gt=0)
+    lr_step_rounds: int = Field(1, gt=0, le=MAX_ROUNDS)
     lr_min: float = Field(0.0, ge=0)
 
     @field_validator("lr_min")
@@ -221,10 +227,11 @@ class SystemConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = Field(1, gt=0)  # evaluate every N rounds (and always at the last round)
+    # evaluate every N rounds (and always at the last round)
+    every: int = Field(1, gt=0, le=MAX_ROUNDS)
     # also evaluate every round of the last N rounds; summaries then report the mean over them
-    last: int = Field(0, ge=0)
-    batch_size: int = Field(1000, gt=0)
+    last: int = Field(0, ge=0, le=MAX_ROUNDS)
+    batch_size: int = Field(1000, gt=0, le=MAX_BATCH)
     global_model: bool = True  # score the server model on the global test set
     # MAP's personalization protocol: also score the round's selected clients with their model
     # right after local training (metric pers_acc_selected, unweighted mean)
@@ -234,7 +241,7 @@ class EvalConfig(_Section):
     # is then thrown away (training is unchanged; global_acc is not fine-tuned): FedProto's
     # code scores clients so (LocalTest.fine_tune, --ft_round 10). Costs K local epochs per
     # client per evaluation (pflkit.engine.clients.evaluate_client)
-    finetune_epochs: int = Field(0, ge=0)
+    finetune_epochs: int = Field(0, ge=0, le=MAX_EPOCHS)
 
 
 class EngineConfig(_Section):
@@ -257,7 +264,8 @@ class EngineConfig(_Section):
 
 class OutputConfig(_Section):
     dir: str = "runs"
-    checkpoint_every: int = Field(0, ge=0)  # 0: none (one is still written on an interrupt)
+    # 0: none (one is still written on an interrupt)
+    checkpoint_every: int = Field(0, ge=0, le=MAX_ROUNDS)
     progress: bool = True
     # experiment trackers besides metrics.csv (always written): tensorboard, wandb
     trackers: list[Literal["tensorboard", "wandb"]] = []
@@ -319,9 +327,26 @@ class ExperimentConfig(_Section):
         return yaml.safe_dump(self.dump(), sort_keys=False)
 
 
+_UNION_TAGS = ("str", "int", "float", "bool", "ArchSpec")
+
+
 def _describe(err: ValidationError) -> str:
-    e = err.errors()[0]
-    where = ".".join(str(p) for p in e["loc"]) or "config"
+    errors = err.errors()
+    # a value that fits no member of a union (model.per_client's `name | {name, options,
+    # count}`, say) has one error per member, each under the member's tag: the deepest one
+    # (a bad field of the dict) says most, and the tags are no config keys
+    e = max(errors, key=lambda e: len(e["loc"]))  # the first of the deepest
+    loc = e["loc"]
+    if len(errors) > 1:
+        loc = [
+            p
+            for p in loc
+            if not (
+                isinstance(p, str)
+                and (p in _UNION_TAGS or p.startswith(("literal[", "list[", "function-")))
+            )
+        ]
+    where = ".".join(str(p) for p in loc) or "config"
     value = e.get("input")
     shown = "" if isinstance(value, dict) else f" (got {value!r})"
     msg = e["msg"]

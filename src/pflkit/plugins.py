@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from importlib import metadata
+from pathlib import Path
 
 from pflkit.algorithms.base import register as register_algorithm
 from pflkit.errors import PflkitError
@@ -72,15 +73,48 @@ def load_plugins(modules: Iterable[str] = ()) -> None:
     for name in modules:
         if not isinstance(name, str) or not name:
             raise PflkitError(f"plugins lists {name!r}: write module names, e.g. [my_algorithms]")
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name is not None and name.startswith(err.name):
-                raise PflkitError(
-                    f"cannot import plugin module '{name}': no module named '{err.name}'; "
-                    "check the name and that its folder is on PYTHONPATH"
-                ) from None
-            raise
+        _import(name)
+
+
+def _import(name: str) -> None:
+    """Import plugin module ``name``; whatever goes wrong inside it (a syntax error, a missing
+    dependency, an exception, a call of ``exit``) is one sentence naming the module. A
+    ``PflkitError`` it raises (a name registered twice, say) is passed on as it is."""
+    try:
+        importlib.import_module(name)
+    except PflkitError:
+        raise
+    except ModuleNotFoundError as err:
+        if err.name is None or name == err.name or name.startswith(err.name + "."):
+            raise PflkitError(
+                f"cannot import plugin module '{name}': no module named '{err.name or name}'; "
+                "check the name and that its folder is on PYTHONPATH"
+            ) from None
+        raise PflkitError(
+            f"plugin module '{name}' imports '{err.name}', which is not installed: install "
+            "the package that provides it, or remove that import"
+        ) from None
+    except SyntaxError as err:  # IndentationError and TabError too
+        where = f"{Path(err.filename).name if err.filename else name}, line {err.lineno}"
+        raise PflkitError(
+            f"plugin module '{name}' has a syntax error ({where}: {err.msg}): fix it"
+        ) from None
+    except SystemExit as err:
+        code = "" if err.code is None else _one_line(repr(err.code))
+        raise PflkitError(
+            f"plugin module '{name}' called exit({code}) while being "
+            "imported: a plugin must only define and register things; remove the call"
+        ) from None
+    except Exception as err:
+        raise PflkitError(
+            f"plugin module '{name}' failed while being imported ({type(err).__name__}: "
+            f"{_one_line(str(err))}): fix it (python -c 'import {name}' shows where)"
+        ) from None
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 __all__ = [

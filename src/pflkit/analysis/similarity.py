@@ -42,6 +42,7 @@ from pflkit.algorithms.pfedsim import class_cosines, class_rows, classifier_simi
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import build_federated
 from pflkit.engine.clients import seed_torch
+from pflkit.engine.folder import make_folder
 from pflkit.errors import PflkitError
 
 METRICS = {  # name: (label, higher means more similar)
@@ -76,6 +77,8 @@ def similarity_study(
     """Train, measure and write the study for ``cfg`` into ``out``; returns the JSON dict."""
     if steps < 1:
         raise PflkitError(f"--steps must be at least 1, got {steps}")
+    out = Path(out)
+    _check_out(out)
     data = build_federated(cfg.data)
     senv, envs = make_envs(cfg, data)
     if len(set(senv.archs)) > 1:
@@ -139,12 +142,35 @@ def similarity_study(
         "scores": _scores(pairs),
         "pairs": pairs,
     }
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "similarity.json").write_text(json.dumps(result, indent=2, default=str))
-    (out / "similarity.md").write_text(_markdown(result))
-    _heatmaps(result, out / "similarity.png")
+    make_folder(out, "output folder")
+    try:
+        (out / "similarity.json").write_text(json.dumps(result, indent=2, default=str))
+        (out / "similarity.md").write_text(_markdown(result))
+        _heatmaps(result, out / "similarity.png")
+    except OSError as err:
+        raise PflkitError(
+            f"cannot write the study into '{out}' ({err.strerror or err}): choose another --out"
+        ) from None
     return result
+
+
+#: what the study writes; a folder holding only these (an earlier study) is written over
+OUTPUTS = ("similarity.json", "similarity.md", "similarity.png")
+
+
+def _check_out(out: Path) -> None:
+    """Refuse, before the study trains anything, an ``out`` that is a file or a folder with
+    other contents (a run folder, say): the study writes a folder of its own."""
+    if out.exists() and not out.is_dir():
+        raise PflkitError(f"--out '{out}' is a file, not a folder: choose another --out")
+    if out.is_dir():
+        other = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS)
+        if other:
+            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+            raise PflkitError(
+                f"--out '{out}' already holds other files ({shown}): the study needs a new "
+                "or empty folder (or one with only an earlier study); choose another --out"
+            )
 
 
 def _scores(pairs: list[dict]) -> dict[str, dict[str, float | None]]:

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from torch import Tensor
 
 from pflkit.config import DataConfig
 from pflkit.data.partition import PARTITIONERS, class_table, partition
-from pflkit.data.sources import default_data_root, load_source
+from pflkit.data.sources import check_data_root, default_data_root, load_source
 from pflkit.errors import PflkitError
 
 
@@ -233,8 +234,8 @@ def _cached_split(
                 va = [z[f"va{i}"] for i in range(n)] if cfg.val_fraction > 0 else None
             if _valid_split(tr, te, va, cfg.num_clients, len(labels), num_test):
                 return key, tr, te, va
-        except (OSError, KeyError, ValueError):
-            pass  # unreadable or wrong cache entry: recompute and overwrite it
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+            pass  # unreadable (truncated, say) or wrong cache entry: recompute and overwrite it
     train_idx, test_idx, val_idx = _split_clients(cfg, labels, groups, seed, test_labels, exclude)
     if path:
         arrays = {f"tr{i}": a for i, a in enumerate(train_idx)}
@@ -254,7 +255,7 @@ def _cached_split(
 def build_federated(cfg: DataConfig) -> FederatedDataset:
     """Load, partition and split ``cfg.dataset`` (deterministic in ``cfg``, seed included)."""
     seed = cfg.seed
-    root = Path(cfg.root) if cfg.root else default_data_root()
+    root = check_data_root(Path(cfg.root).expanduser()) if cfg.root else default_data_root()
     src = load_source(cfg.dataset, root, download=cfg.download, **cfg.options)
     labels = src.train_y.numpy()
     official = _local_test(cfg) is not None
@@ -269,6 +270,14 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
         own = _carves_public(cfg)
         public_src = src if own else load_source(cfg.public.dataset, root, download=cfg.download)
         public_idx = _public_indices(cfg, public_src, src, seed)
+    carved = public_idx if public_src is src else None
+    available = len(labels) - (0 if carved is None else len(carved))
+    if cfg.subset is not None and cfg.subset > available:
+        after = "" if carved is None else f" left after the {len(carved)}-sample public set"
+        raise PflkitError(
+            f"data.subset {cfg.subset} exceeds the {available} training samples of "
+            f"'{cfg.dataset}'{after}: set data.subset <= {available}, or remove it to use them all"
+        )
     cache_dir = root / "partitions" if cfg.cache else None
     key, train_idx, test_idx, val_idx = _cached_split(
         cfg,

@@ -177,7 +177,24 @@ class SourceInfo:
 def default_data_root() -> Path:
     """Where data sets live: ``$PFLKIT_DATA`` if set, else ``~/.cache/pflkit/data``."""
     env = os.environ.get(DATA_ENV, "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "pflkit" / "data"
+    if not env:
+        return Path.home() / ".cache" / "pflkit" / "data"
+    return check_data_root(Path(env).expanduser(), f"${DATA_ENV}")
+
+
+def check_data_root(root: Path, what: str = "data.root") -> Path:
+    """``root``, refused in one sentence when it is a file: data sets and partition caches
+    live in a folder (``what`` names where the path came from)."""
+    try:
+        is_file = root.exists() and not root.is_dir()
+    except OSError as err:  # e.g. a name longer than the file system allows
+        raise PflkitError(f"{what} '{root}' is not a usable folder path ({err.strerror})") from None
+    if is_file:
+        raise PflkitError(
+            f"{what} '{root}' is a file, not a folder: point it at a folder for data sets and "
+            "partition caches (it is created if missing)"
+        )
+    return root
 
 
 def load_source(
@@ -199,7 +216,9 @@ def load_source(
         if key not in allowed:
             takes = f"it takes: {', '.join(allowed)}" if allowed else "it takes no options"
             raise PflkitError(f"dataset '{name}' has no option '{key}'; {takes}")
-    root_path = Path(root).expanduser() if root is not None else default_data_root()
+    root_path = (
+        check_data_root(Path(root).expanduser()) if root is not None else default_data_root()
+    )
     try:
         frozen = tuple(sorted((k, _freeze(v)) for k, v in options.items()))
         hash(frozen)

@@ -205,13 +205,36 @@ def _failed(failures: dict[str, Exception], total: int) -> PflkitError:
     )
 
 
+def _check_settings(configs: list[ExperimentConfig], datasets: dict[str, FederatedDataset]) -> None:
+    """Build every setting's simulation once (``configs``: one run of each), on the CPU in
+    this process, and drop it: an unknown model, a bad model option, an algorithm that does not
+    fit the model or the data, a missing tracker package is one sentence before anything is
+    written (what ``run_experiment`` checks before it creates a run folder). ``datasets``
+    collects the federated datasets, one per data config (a sweep may vary it)."""
+    from pflkit.engine.clients import InProcess
+    from pflkit.engine.simulation import Simulation
+    from pflkit.report.trackers import check_trackers
+
+    for cfg in configs:
+        check_trackers(cfg)
+        key = cfg.data.model_dump_json()
+        if key not in datasets:
+            datasets[key] = build_federated(cfg.data)
+        Simulation(cfg.model_copy(update={"device": "cpu"}), datasets[key], InProcess()).close()
+
+
 def _run_all(
-    tasks: list[tuple[ExperimentConfig, Path]], jobs: int, progress, keep_going: bool = False
+    tasks: list[tuple[ExperimentConfig, Path]],
+    jobs: int,
+    progress,
+    keep_going: bool = False,
+    datasets: dict[str, FederatedDataset] | None = None,
 ) -> None:
     todo = [(c, f) for c, f in tasks if not (f / "summary.json").exists()]
     failures: dict[str, Exception] = {}  # keep_going: run folder name -> its error
     if jobs == 1:
-        datasets: dict[str, FederatedDataset] = {}  # one per data config (a sweep may vary it)
+        # one per data config (a sweep may vary it)
+        datasets = {} if datasets is None else datasets
         for run_cfg, folder in todo:
             key = run_cfg.data.model_dump_json()
             if key not in datasets:
@@ -350,6 +373,10 @@ def run_compare(
         for label, algo, sets in plan
         for seed in seeds
     ]  # every config is checked before anything runs
+    datasets: dict[str, FederatedDataset] = {}
+    _check_settings([c for c, _ in tasks[:: len(seeds)]], datasets)  # and every setting
+    if jobs > 1:
+        datasets.clear()  # each job process builds its own
     _claim(out, cfg)
     settings = [
         {"label": label, "folders": [f"{folder[label]}-s{seed}" for seed in seeds]}
@@ -357,7 +384,7 @@ def run_compare(
     ]
     write_atomic(out / PLAN, json.dumps({"settings": settings, "options": options}, indent=1))
     try:
-        _run_all(tasks, jobs, progress, keep_going)
+        _run_all(tasks, jobs, progress, keep_going, datasets)
     except (KeyboardInterrupt, RunInterrupted) as err:
         raise RunInterrupted(
             f"interrupted: run the same command with --out {out} to continue it "

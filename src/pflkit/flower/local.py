@@ -16,6 +16,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -100,6 +101,8 @@ def make_certificates(directory: str | Path, hosts: Sequence[str] = ("localhost"
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+    hosts = list(hosts)
+    _check_hosts(hosts)
     d = Path(directory)
     make_folder(d, "folder")
     now = dt.datetime.now(dt.UTC)
@@ -145,12 +148,46 @@ def make_certificates(directory: str | Path, hosts: Sequence[str] = ("localhost"
     return paths
 
 
+_DNS_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_DNS_NAME = re.compile(rf"(?:\*\.)?{_DNS_LABEL}(?:\.{_DNS_LABEL})*\.?")
+
+
+def _check_hosts(hosts: list[str]) -> None:
+    """Every certificate host is an IP address or a DNS name (ASCII labels of letters, digits,
+    '-' and '_', an optional leading '*.'); the first, the common name, has at most 64
+    characters."""
+    if not hosts:
+        raise PflkitError("give at least one --host: the SuperLink's name or IP address")
+    for host in hosts:
+        try:
+            ipaddress.ip_address(host)
+            continue
+        except ValueError:
+            pass
+        if not (isinstance(host, str) and len(host) <= 253 and _DNS_NAME.fullmatch(host)):
+            raise PflkitError(
+                f"--host {host!r} is not a host name or an IP address: give the name or IP the "
+                "SuperNodes use for the SuperLink, e.g. --host superlink.example.org or "
+                "--host 10.0.0.5 (non-ASCII names in their xn-- form)"
+            )
+    if len(hosts[0]) > 64:
+        raise PflkitError(
+            f"the first --host ({hosts[0][:40]}...) is the certificate's common name, which has "
+            "at most 64 characters: give a shorter name or an IP address first"
+        )
+
+
 def make_node_key(directory: str | Path, name: str) -> tuple[Path, Path]:
     """A SuperNode authentication key pair (EC P-384, OpenSSH format): ``name`` (private) and
     ``name.pub`` (register it with ``flwr supernode register``)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
+    if name in ("", ".", "..") or "/" in name or os.sep in name or "\0" in name:
+        raise PflkitError(
+            f"key name {name!r} is not a plain file name: give a name without '/', e.g. "
+            "supernode (the folder to write the key pair into is its own argument)"
+        )
     d = Path(directory)
     make_folder(d, "folder")
     key = ec.generate_private_key(ec.SECP384R1())

@@ -103,6 +103,111 @@ class Setting:
         return [r.seed for r in self.runs]
 
 
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (a run's summary, a compare's plan), or one sentence naming
+    the file when it cannot be read, is not JSON or is not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise PflkitError(
+            f"cannot read the {what} '{path}' ({err.strerror or err}): restore it, or leave it out"
+        ) from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise PflkitError(
+            f"the {what} '{path}' is not valid JSON ({_first_line(err)}): it is damaged; "
+            "restore it, or rerun what wrote it"
+        ) from None
+    if not isinstance(data, dict):
+        raise PflkitError(
+            f"the {what} '{path}' holds a JSON {type(data).__name__}, not an object: it is "
+            "damaged; restore it, or rerun what wrote it"
+        )
+    return data
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """A run folder's config.yaml as a mapping, or one sentence naming the file."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise PflkitError(
+            f"cannot read the run config '{path}' ({err.strerror or err}): restore it, or "
+            "leave the run out"
+        ) from None
+    except (ValueError, yaml.YAMLError) as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        what = getattr(err, "problem", None) or _first_line(err)
+        raise PflkitError(
+            f"the run config '{path}' is not valid YAML{at} ({what}): it is damaged; "
+            "restore it, or rerun the run"
+        ) from None
+    if not isinstance(config, dict):
+        raise PflkitError(
+            f"the run config '{path}' is not a mapping of config sections: it is damaged; "
+            "restore it, or rerun the run"
+        )
+    return config
+
+
+def _first_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _check_summary(path: Path, summary: dict[str, Any]) -> None:
+    """The parts of a run's summary.json a report reads must be there, with numbers."""
+    need = {
+        "comm": ("bytes_down_per_client_round", "bytes_up_per_client_round"),
+        "seconds": ("train_per_round", "eval_per_round"),
+    }
+    for part, keys in need.items():
+        section = summary.get(part)
+        if not isinstance(section, dict) or not all(
+            isinstance(section.get(k), int | float) and not isinstance(section.get(k), bool)
+            for k in keys
+        ):
+            raise PflkitError(
+                f"the run summary '{path}' lacks '{part}' ({', '.join(keys)}): it was not "
+                "written by pflkit or is damaged; rerun the run"
+            )
+    for part in ("final", "mean_last", "val_round", "best_test"):
+        if part in summary and not isinstance(summary[part], dict):
+            raise PflkitError(
+                f"the run summary '{path}' has a '{part}' that is not an object: it is "
+                "damaged; rerun the run"
+            )
+
+
+def _read_plan(path: Path) -> tuple[list[tuple[str, list[str]]], dict[str, Any]]:
+    """A compare or sweep folder's plan.json: its settings (label, run folder names) and
+    report options, or one sentence naming the file."""
+    plan = read_json(path, "compare plan")
+    settings, options = plan.get("settings"), plan.get("options", {})
+    broken = None
+    if not isinstance(settings, list) or not settings:
+        broken = "no list of 'settings'"
+    elif not isinstance(options, dict) or not all(
+        k in ("at", "metric", "select") and isinstance(v, str) for k, v in options.items()
+    ):
+        broken = f"'options' other than at, metric and select names ({options!r:.60})"
+    else:
+        for s in settings:
+            ok = isinstance(s, dict) and isinstance(s.get("label"), str)
+            folders = s.get("folders") if ok else None
+            if not (isinstance(folders, list) and all(isinstance(f, str) for f in folders)):
+                broken = f"a setting without a 'label' and a list of 'folders' ({s!r:.60})"
+                break
+    if broken:
+        raise PflkitError(
+            f"the compare plan '{path}' has {broken}: it is damaged; rerun the compare or "
+            "sweep with the same --out to rewrite it, or report its run folders directly"
+        )
+    return [(s["label"], s["folders"]) for s in settings], options
+
+
 def load_run(folder: str | Path, label: str | None = None) -> Run:
     """A finished run folder; its label is the folder name without ``-s<seed>``."""
     folder = Path(folder)
@@ -113,11 +218,12 @@ def load_run(folder: str | Path, label: str | None = None) -> Run:
             else "is not a pflkit run folder"
         )
         raise PflkitError(f"'{folder}' {what} (no summary.json), or leave it out")
-    import yaml
-
-    summary = json.loads((folder / "summary.json").read_text())
-    config = yaml.safe_load((folder / "config.yaml").read_text())
-    seed = int(summary.get("seed", config.get("seed", 0)))
+    summary = read_json(folder / "summary.json", "run summary")
+    _check_summary(folder / "summary.json", summary)
+    config = _read_config(folder / "config.yaml")
+    seed = summary.get("seed", config.get("seed", 0))
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise PflkitError(f"the run in '{folder}' has a seed {seed!r} that is not an integer")
     if label is None:
         label = re.sub(rf"-s{seed}$", "", folder.name)
     return Run(folder, label, seed, config, summary)
@@ -130,10 +236,9 @@ def find_settings(paths: list[str | Path]) -> tuple[list[Setting], dict[str, Any
     options: dict[str, Any] = {}
     for path in map(Path, paths):
         if (path / PLAN).is_file():
-            plan = json.loads((path / PLAN).read_text())
-            options = plan.get("options", {})
-            for s in plan["settings"]:
-                runs += [load_run(path / f, s["label"]) for f in s["folders"]]
+            planned, options = _read_plan(path / PLAN)
+            for label, folders in planned:
+                runs += [load_run(path / f, label) for f in folders]
         elif (path / "config.yaml").exists() or (path / "summary.json").exists():
             runs.append(load_run(path))
         elif path.is_dir() and any((p / "config.yaml").exists() for p in path.iterdir()):
@@ -459,7 +564,8 @@ def make_report(*paths: str | Path, **options: str | None) -> Report:
     folder's own options (``plan.json``), overridden by the ``options`` given (``at``,
     ``metric``, ``select``; None keeps the plan's)."""
     settings, planned = find_settings(list(paths))
-    return build_report(settings, **(planned | {k: v for k, v in options.items() if v}))
+    given = {k: v for k, v in options.items() if v is not None}  # "" is refused, not ignored
+    return build_report(settings, **(planned | given))
 
 
 def load_runs(*paths: str | Path, per_round: bool = False) -> Any:
