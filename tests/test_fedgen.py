@@ -89,15 +89,8 @@ def test_client_objective_decays_alpha_and_beta_per_round():
     # round 3: alpha_t = 2 * 0.5^2 = 0.5, beta_t = 3 * 0.5^2 = 0.75; same draws as the module
     gen = algo.generator(env, server["gen"]).eval()
     torch.manual_seed(3)
-    with torch.no_grad():
-        target = F.softmax(model.head(gen(torch.randn(5, algo.params.noise_dim), y)), 1)
-        y_gen = torch.tensor([0, 3])[torch.randint(2, (4,))]
-        feat = gen(torch.randn(4, algo.params.noise_dim), y_gen)
-        logits = model(x)
-        ce = F.cross_entropy(logits, y)
-        teacher = F.cross_entropy(model.head(feat), y_gen)
-        latent = (target * (target.log() - F.log_softmax(logits, 1))).sum(1).mean()
-    assert got.item() == pytest.approx((ce + 0.5 * teacher + 0.75 * latent).item(), rel=1e-5)
+    want, _ = _hand_loss(model, gen, x, y, [0, 3], 4, algo.params.noise_dim, 0.5, 0.75)
+    assert got.item() == pytest.approx(want, rel=1e-5)
 
 
 def test_round_one_is_plain_fedavg_and_the_generator_is_sent_afterwards():
@@ -203,18 +196,26 @@ def test_teacher_labels_client_draws_from_the_clients_own_training_labels():
     got = algo.local_loss(env, payload, rnd=1)(model, x, y)
     gen = algo.generator(env, server["gen"]).eval()
     torch.manual_seed(11)
-    with torch.no_grad():
-        target = F.softmax(model.head(gen(torch.randn(3, algo.params.noise_dim), y)), 1)
-        y_gen = torch.tensor([0, 2])[torch.randint(2, (6,))]
-        feat = gen(torch.randn(6, algo.params.noise_dim), y_gen)
-        logits = model(x)
-        ce = F.cross_entropy(logits, y)
-        teacher = F.cross_entropy(model.head(feat), y_gen)
-        latent = (target * (target.log() - F.log_softmax(logits, 1))).sum(1).mean()
-    assert got.item() == pytest.approx((ce + 2.0 * teacher + 3.0 * latent).item(), rel=1e-5)
+    want, y_gen = _hand_loss(model, gen, x, y, [0, 2], 6, algo.params.noise_dim, 2.0, 3.0)
+    assert got.item() == pytest.approx(want, rel=1e-5)
     assert set(y_gen.tolist()) == {0, 2}  # both of the client's labels drawn, never label 1
     # the server's label set (the default) gives another loss on the same draws
     default, _, _ = hand_fedgen(alpha=2.0, beta=3.0, gen_batch=6)
     torch.manual_seed(11)
     other = default.local_loss(env, payload, rnd=1)(model, x, y)
     assert abs(other.item() - got.item()) > 1e-3
+
+
+@torch.no_grad()
+def _hand_loss(model, gen, x, y, labels, n_gen, noise_dim, alpha, beta):
+    """FedGen's client loss written out: CE + alpha * CE of the
+    head on ``n_gen`` generated features of labels drawn from ``labels`` + beta * KL from the
+    generator's target; the draws in the module's order. Returns (loss, the drawn labels)."""
+    target = F.softmax(model.head(gen(torch.randn(len(y), noise_dim), y)), 1)
+    y_gen = torch.tensor(labels)[torch.randint(len(labels), (n_gen,))]
+    feat = gen(torch.randn(n_gen, noise_dim), y_gen)
+    logits = model(x)
+    ce = F.cross_entropy(logits, y)
+    teacher = F.cross_entropy(model.head(feat), y_gen)
+    latent = (target * (target.log() - F.log_softmax(logits, 1))).sum(1).mean()
+    return (ce + alpha * teacher + beta * latent).item(), y_gen
