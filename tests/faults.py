@@ -13,12 +13,11 @@ the N-th time the process reaches POINT:
 
 from __future__ import annotations
 
+import io
 import os
 import pathlib
 
-import torch
-
-from pflkit.engine import runner
+from pflkit.engine import checkpoint, runner
 from pflkit.engine.simulation import Simulation
 
 POINT, _, NTH = os.environ.get("PFLKIT_FAULT", "none:0").partition(":")
@@ -72,14 +71,12 @@ def open_(self, mode="r", *args, **kwargs):
     return TornWrites(f) if self.name == "metrics.jsonl" and "a" in mode else f
 
 
-real_save = torch.save
-
-
-def save(obj, f, *args, **kwargs):
+def open_checkpoint(path, mode):
+    f = io.FileIO(path, mode)
     if hit("ckpt"):
-        pathlib.Path(f).write_bytes(b"PK\x03\x04 torn")
+        f.write(checkpoint.MAGIC + b"0 torn")
         die()
-    return real_save(obj, f, *args, **kwargs)
+    return f
 
 
 real_replace = os.replace
@@ -113,7 +110,7 @@ def write_atomic(path, text):
 
 Simulation.run_round = run_round
 pathlib.Path.open = open_
-torch.save = save
+checkpoint.open = open_checkpoint
 os.replace = replace
 os.truncate = truncate
 runner.write_atomic = write_atomic

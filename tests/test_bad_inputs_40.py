@@ -183,6 +183,30 @@ def test_a_truncated_partition_cache_is_rebuilt_the_same(tmp_path):
         assert (a == b).all()
 
 
+def test_a_tampered_partition_cache_is_refused_and_one_without_a_checksum_rebuilt(tmp_path):
+    import numpy as np
+
+    from pflkit.data.federated import build_federated
+
+    cfg = validate(tiny_config(data={"root": str(tmp_path / "data")}))
+    first = build_federated(cfg.data)
+    (entry,) = (tmp_path / "data" / "partitions").glob("*.npz")
+    whole = entry.read_bytes()
+    with np.load(entry) as z:
+        arrays = {k: z[k] for k in z.files}
+    # well-formed, in range, no sample twice: only the checksum tells (clients 0, 1 swap parts)
+    arrays["tr0"], arrays["tr1"] = arrays["tr1"], arrays["tr0"]
+    np.savez(entry, **arrays)
+    with pytest.raises(PflkitError, match=r"partition cache '.*\.npz' fails its checksum"):
+        build_federated(cfg.data)
+    del arrays["sha256"]  # a cache written before checksums
+    np.savez(entry, **arrays)
+    again = build_federated(cfg.data)
+    assert entry.read_bytes() == whole  # rebuilt and written over
+    pairs = zip(first.train_indices, again.train_indices, strict=True)
+    assert all((a == b).all() for a, b in pairs)
+
+
 # -- 6, 7. bounds ------------------------------------------------------------------------------
 
 

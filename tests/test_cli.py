@@ -102,7 +102,7 @@ def test_partition_prints_table_and_heatmap(cfg_file, tmp_path):
         ("threads=100000", "'threads' (got 100000): Input should be less than or equal to 512"),
         ("train.lr=1e308", "must be below 1e30"),
         ("train.lr=.inf", "Input should be a finite number"),
-        ("train.rounds=true", "'train.rounds' (got True): Value error, must be a number"),
+        ("train.rounds=true", "'train.rounds' (got True): must be a number"),
         ("algorithm={name: fedprox, mu: .nan}", "'fedprox.mu' (got nan)"),
         ("compare.algorithms=[]", "compare.algorithms"),
     ],

@@ -104,3 +104,18 @@ def test_a_run_killed_before_it_wrote_anything_can_be_started_again_into_its_fol
     r = pflkit("run", "cfg.yaml", "--out", "early", cwd=tmp)
     assert r.returncode == 0, r.stderr
     assert results(tmp / "early") == reference
+
+
+def test_a_checkpoint_whose_bytes_changed_is_refused_in_one_sentence(setup):
+    tmp, _ = setup
+    r = pflkit("run", "cfg.yaml", "--out", "flipped", cwd=tmp, fault="round:6")  # after ckpt 4
+    assert r.returncode == KILLED, r.stderr
+    ckpt = tmp / "flipped" / "checkpoints" / "latest.pt"
+    data = bytearray(ckpt.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    ckpt.write_bytes(bytes(data))
+    r = pflkit("run", "--resume", "flipped", cwd=tmp)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "latest.pt' fails its checksum" in r.stderr

@@ -197,6 +197,14 @@ class TrainConfig(_Section):
     # a client whose training metrics or uploaded weights are not finite: stop the run (one
     # sentence, exit 2) or leave the client out of that round (listed in diverged_clients)
     on_nan: Literal["stop", "skip_client"] = "stop"
+    # divergence that stays finite: a round whose mean training loss exceeds max_loss stops the
+    # run (one sentence, exit 2; the folder resumes from its last checkpoint). A working run's
+    # losses stay far below it (at most 25 in every kept run of docs/results); null: no bound
+    max_loss: float | None = Field(1e4, gt=0)
+    # a round in which every selected client dropped out (system.dropout) or was left out by
+    # on_nan: skip_client, so that nothing reaches the server: stop the run (one sentence,
+    # exit 2) or go on with the server unchanged
+    on_empty_round: Literal["stop", "continue"] = "stop"
 
 
 def lr_factor(t: TrainConfig, rnd: int) -> float:
@@ -279,6 +287,14 @@ class CompareConfig(_Section):
     algorithms: list[str | dict[str, Any]] = Field(["local", "fedavg", "fedavg_ft"], min_length=1)
     seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field([0, 1, 2], min_length=1)
 
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v: list[int]) -> list[int]:
+        twice = sorted({s for s in v if v.count(s) > 1})
+        if twice:  # two runs of one seed would share (and collide on) one run folder
+            raise ValueError(f"compare.seeds lists seed {twice[0]} twice: list each seed once")
+        return v
+
 
 class SweepConfig(_Section):
     """What ``pflkit sweep`` runs and reports (:mod:`pflkit.report.results`): ``grid`` maps a
@@ -349,7 +365,7 @@ def _describe(err: ValidationError) -> str:
     where = ".".join(str(p) for p in loc) or "config"
     value = e.get("input")
     shown = "" if isinstance(value, dict) else f" (got {value!r})"
-    msg = e["msg"]
+    msg = e["msg"].removeprefix("Value error, ")  # our validators' sentences stand alone
     if e["type"] == "extra_forbidden":
         return f"unknown config key '{where}': remove it or check its spelling"
     return f"invalid config value '{where}'{shown}: {msg}"

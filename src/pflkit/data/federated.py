@@ -216,6 +216,16 @@ def _valid_split(
     return distinct_in_range([*tr, *(va or [])], num_samples) and distinct_in_range(te, num_test)
 
 
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 of a partition cache's arrays (names, dtypes, shapes and bytes, in name order)."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def _cached_split(
     cfg, labels, groups, seed, cache_dir: Path | None, test_labels=None, exclude=None
 ):
@@ -229,23 +239,31 @@ def _cached_split(
     if path and path.exists():
         try:
             with np.load(path) as z:
-                n = int(z["num_clients"])
-                tr, te = [z[f"tr{i}"] for i in range(n)], [z[f"te{i}"] for i in range(n)]
-                va = [z[f"va{i}"] for i in range(n)] if cfg.val_fraction > 0 else None
+                arrays = {k: z[k] for k in z.files if k != "sha256"}
+                stored = str(z["sha256"])  # a cache from before checksums: rebuilt (KeyError)
+            if stored != _digest(arrays):
+                raise PflkitError(
+                    f"partition cache '{path}' fails its checksum (its content changed after "
+                    "pflkit wrote it): delete it and pflkit rebuilds it"
+                )
+            n = int(arrays["num_clients"])
+            tr, te = [arrays[f"tr{i}"] for i in range(n)], [arrays[f"te{i}"] for i in range(n)]
+            va = [arrays[f"va{i}"] for i in range(n)] if cfg.val_fraction > 0 else None
             if _valid_split(tr, te, va, cfg.num_clients, len(labels), num_test):
                 return key, tr, te, va
         except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
             pass  # unreadable (truncated, say) or wrong cache entry: recompute and overwrite it
     train_idx, test_idx, val_idx = _split_clients(cfg, labels, groups, seed, test_labels, exclude)
     if path:
-        arrays = {f"tr{i}": a for i, a in enumerate(train_idx)}
+        arrays = {"num_clients": np.asarray(len(train_idx))}
+        arrays |= {f"tr{i}": a for i, a in enumerate(train_idx)}
         arrays |= {f"te{i}": a for i, a in enumerate(test_idx)}
         arrays |= {f"va{i}": a for i, a in enumerate(val_idx or [])}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, num_clients=len(train_idx), **arrays)
+                np.savez(f, sha256=_digest(arrays), **arrays)
             os.replace(tmp, path)
         except OSError:
             pass  # caching is an optimisation; a read-only data dir must not fail the run

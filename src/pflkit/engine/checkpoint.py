@@ -1,8 +1,16 @@
 """Checkpoints: the whole simulation state (server dict, client dicts, round) in one file,
-written atomically so an interrupted save never leaves a broken checkpoint behind."""
+written atomically so an interrupted save never leaves a broken checkpoint behind.
+
+The file is a header line ``pflkit-checkpoint sha256=<hex>`` followed by ``torch.save``'s
+bytes; the digest is checked on load, so a checkpoint whose bytes changed after it was written
+(a bad disk, a partial copy, an edit) is refused with one sentence instead of resuming into
+different results. Checkpoints written before checksums (plain ``torch.save`` files) still load,
+unchecked."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -11,27 +19,50 @@ import torch
 
 from pflkit.errors import PflkitError
 
+MAGIC = b"pflkit-checkpoint sha256="
+
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getbuffer()
+    header = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     try:
-        torch.save(state, tmp)
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(payload)
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as err:  # disk full, quota, read-only (torch wraps some)
+    except OSError as err:  # disk full, quota, read-only
         tmp.unlink(missing_ok=True)
         kept = "the previous checkpoint is kept" if path.exists() else "no checkpoint exists"
         raise PflkitError(
-            f"cannot write the checkpoint '{path}' ({getattr(err, 'strerror', None) or err}); "
+            f"cannot write the checkpoint '{path}' ({err.strerror or err}); "
             f"{kept}: free disk space and resume"
         ) from None
 
 
 def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """The state :func:`save_checkpoint` wrote, its tensors on ``device``."""
+    """The state :func:`save_checkpoint` wrote, its tensors on ``device``; a file whose
+    checksum does not match its content is refused."""
     try:
-        return torch.load(path, weights_only=True, map_location=device)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise PflkitError(f"no checkpoint at '{path}': nothing to resume") from None
-    except Exception as err:  # a torn or foreign file
+    except OSError as err:
+        raise PflkitError(
+            f"cannot read the checkpoint '{path}' ({err.strerror}): check it"
+        ) from None
+    head, _, payload = data.partition(b"\n")
+    if not head.startswith(MAGIC):  # written before checksums (2026-11-26): nothing to check
+        head, payload = MAGIC + hashlib.sha256(data).hexdigest().encode(), data
+    if hashlib.sha256(payload).hexdigest().encode() != head[len(MAGIC) :]:
+        raise PflkitError(
+            f"checkpoint '{path}' fails its checksum (its bytes changed after pflkit wrote "
+            "it): delete it and run again from the start, or restore it from a copy"
+        )
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=True, map_location=device)
+    except Exception as err:  # written by an incompatible torch, say
         raise PflkitError(f"checkpoint '{path}' is unreadable ({err}); delete it") from None

@@ -33,7 +33,14 @@ from pflkit.errors import PflkitError
 LOCK = ".lock"
 # config keys a resume may change (`pflkit run --resume DIR --set ...`): they do not change the
 # numbers of the rounds already run
-RESUMABLE = ("train.rounds", "eval.", "output.", "engine.")
+RESUMABLE = (
+    "train.rounds",
+    "train.max_loss",
+    "train.on_empty_round",
+    "eval.",
+    "output.",
+    "engine.",
+)
 
 
 def make_folder(path: Path, what: str) -> None:

@@ -26,7 +26,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pflkit.config import ExperimentConfig, apply_overrides, read_yaml, resolve_device, validate
+from pflkit.config import (
+    ExperimentConfig,
+    TrainConfig,
+    apply_overrides,
+    read_yaml,
+    resolve_device,
+    validate,
+)
 from pflkit.data.federated import FederatedDataset
 from pflkit.engine.clients import ClientRunner
 from pflkit.engine.folder import (
@@ -172,6 +179,29 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
+def diverged(row: dict[str, Any], train: TrainConfig) -> tuple[str, str] | None:
+    """Why the run stops after ``row``'s round, and the setting that lets it go on, or None:
+    a mean training loss above ``train.max_loss`` (divergence that stays finite), or, with
+    ``train.on_empty_round: stop``, a round whose every selected client dropped out or was
+    left out by ``train.on_nan: skip_client`` (nothing reached the server)."""
+    rnd, loss = row["round"], row.get("train_loss")
+    if train.max_loss is not None and loss is not None and loss > train.max_loss:
+        return (
+            f"round {rnd}'s mean training loss {loss:.3g} exceeds train.max_loss "
+            f"({train.max_loss:g}): training diverged; lower train.lr or set train.grad_clip",
+            "train.max_loss=null",
+        )
+    out = {*row.get("dropped_clients", ()), *row.get("diverged_clients", ())}
+    if train.on_empty_round == "stop" and out >= set(row["clients"]):
+        return (
+            f"in round {rnd} every selected client dropped out (system.dropout) or diverged "
+            "(train.on_nan: skip_client), so nothing reached the server; lower system.dropout "
+            "or train.lr",
+            "train.on_empty_round=continue",
+        )
+    return None
+
+
 def _stopped_mid_round(run_dir: Path, resume: bool) -> RunInterrupted:
     """The error for a run stopped inside a round: its state there is not saved (half the
     clients may have trained), so the last checkpoint is what continues; a new run without
@@ -236,6 +266,15 @@ def _run_locked(
                 report.round(row)
                 if every and (rnd % every == 0 or rnd == cfg.train.rounds):
                     sim.save(run_dir / CHECKPOINT, fp)
+                why = diverged(row, cfg.train)
+                if why:
+                    sim.save(run_dir / CHECKPOINT, fp)
+                    then = (
+                        f"pflkit run --resume {run_dir} --set {why[1]}"
+                        if sim.runner.keeps_state
+                        else f"set {why[1]} and run it again"
+                    )
+                    raise PflkitError(f"{why[0]}; stopped after round {rnd}: to go on, {then}")
                 if stop.signal and rnd < cfg.train.rounds:  # the safe point: a round's end
                     sim.save(run_dir / CHECKPOINT, fp)
                     raise RunInterrupted(
