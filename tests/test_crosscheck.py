@@ -133,6 +133,21 @@ def test_a_case_with_other_settings_reaches_the_pflkit_config(xc, tmp_path, monk
     assert got["compare"]["algorithms"] == [got["algorithm"]] and got["compare"]["seeds"] == [0, 1]
 
 
+def test_every_case_gives_a_pflkit_config_that_plans(xc):
+    """Each case's pflkit side (its library's config, settings and options) is a valid compare:
+    a clash such as an algorithm's weighting against the config's train.weighting fails here,
+    not an hour into a cross-check."""
+    import yaml
+
+    from pflkit.config import validate
+    from pflkit.engine.compare import compare_plan
+
+    for key, case in xc.CASES.items():
+        shared = yaml.safe_load(xc.CONFIGS[case.library].read_text())
+        cfg = validate(xc.pflkit_config(case, shared, 3))
+        assert [a for _, a, _ in compare_plan(cfg)] == [case.pflkit], key
+
+
 FLBENCH_LOG = """
 ==================== FedAvg Experiment Results: ====================
 {

@@ -113,7 +113,9 @@ CASES: dict[str, Case] = {
             ("-slr", "1.0"),
             {"name": "scaffold", "eta_g": 1.0, "weighting": "uniform", "control_scale": "paper"},
             "Server lr 1 (-slr), model deltas averaged over the round's clients, control variates "
-            "by |S|/N (serverscaffold.py lines 129-131); PFLlib scores the global model.",
+            "by |S|/N (serverscaffold.py lines 129-131); PFLlib scores the global model. The "
+            "config's train.weighting (samples, PFLlib's other averages) is lifted for this case.",
+            settings={"train": {"weighting": None}},
         ),
         Case(
             "moon",

@@ -234,15 +234,21 @@ def export(cfg_path: Path, fmt: str, out: Path, name: str) -> None:
     subprocess.run([*cmd, "--out", str(out), "--name", name], check=True)
 
 
-def run_pflkit(case: Case, cfg: dict, out: Path, seeds: int):
-    """(curves per seed, seconds) of ``pflkit compare`` with ``case``'s pflkit options."""
+def pflkit_config(case: Case, cfg: dict, seeds: int) -> dict:
+    """The config of ``case``'s pflkit side: the shared ``cfg`` with the case's settings, its
+    algorithm, and a compare over ``seeds`` seeds."""
     cfg = {**cfg, "name": f"xc-{case.key}"}
     for section, values in case.settings.items():
         cfg[section] = {**cfg.get(section, {}), **values}
     cfg["algorithm"] = dict(case.pflkit)
     cfg["compare"] = {"seeds": list(range(seeds)), "algorithms": [dict(case.pflkit)]}
+    return cfg
+
+
+def run_pflkit(case: Case, cfg: dict, out: Path, seeds: int):
+    """(curves per seed, seconds) of ``pflkit compare`` with ``case``'s pflkit options."""
     path = out / f"{case.key}-pflkit.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    path.write_text(yaml.safe_dump(pflkit_config(case, cfg, seeds), sort_keys=False))
     folder = out / f"{case.key}-pflkit"
     cmd = [sys.executable, "-m", "pflkit", "compare", str(path), "--out", str(folder), "-q"]
     t0 = time.perf_counter()
