@@ -316,6 +316,64 @@ def test_ctrl_c_while_a_plugin_imports_is_exit_130(cli, cfg_file, tmp_path, monk
     assert not (tmp_path / "r").exists()
 
 
+def test_ctrl_c_while_pflkit_itself_imports_is_exit_130(tmp_path):
+    import subprocess
+    import sys
+
+    code = (  # a Ctrl-C while the command line's modules load, as the console script starts
+        "import sys\n"
+        "class CtrlC:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'typer':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "sys.argv = ['pflkit', 'list']\n"
+        "from pflkit.__main__ import main\n"
+        "main()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    one_sentence(r, "interrupted (Ctrl-C) while pflkit was starting: nothing ran", code=130)
+
+
+def test_import_pflkit_is_light_and_its_api_loads_on_use():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pflkit\n"
+        "assert 'torch' not in sys.modules, 'import pflkit loaded torch'\n"
+        "from pflkit import run_experiment, PflkitError\n"
+        "assert run_experiment.__module__ == 'pflkit.engine.runner'\n"
+        "assert set(pflkit.__all__) <= set(dir(pflkit))\n"
+        "try:\n"
+        "    pflkit.nosuch\n"
+        "except AttributeError as err:\n"
+        "    print(err)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "module 'pflkit' has no attribute 'nosuch'\n"
+
+
+def test_a_full_disk_while_config_yaml_is_written_is_one_sentence(tmp_path, monkeypatch):
+    import errno
+
+    from pflkit.engine import run_experiment
+
+    real = Path.write_text
+
+    def full(self, text, *args, **kwargs):
+        if self.name == "config.yaml.tmp":
+            real(self, text[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(PflkitError, match=r"config.yaml' \(No space left on device\): free disk"):
+        run_experiment(validate(tiny_config()), out=tmp_path / "r")
+    assert not list((tmp_path / "r").glob("*.tmp"))
+
+
 def ctrl_c(*args, **kwargs):
     raise KeyboardInterrupt
 

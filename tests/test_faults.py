@@ -119,3 +119,67 @@ def test_a_checkpoint_whose_bytes_changed_is_refused_in_one_sentence(setup):
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "latest.pt' fails its checksum" in r.stderr
+
+
+def _session(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (zombies, already dead, left out)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it has just exited
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _parallel_compare(tmp: Path, out: str) -> subprocess.Popen:
+    """A two-job compare of long runs, in its own session, once both runs have started."""
+    import time
+
+    cmd = [sys.executable, "-m", "pflkit", "compare", "cfg.yaml", "--out", out, "--jobs", "2"]
+    cmd += ["--algorithms", "fedavg,local", "--seeds", "0", "--set", "train.rounds=100000", "-q"]
+    proc = subprocess.Popen(cmd, cwd=tmp, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list((tmp / out).glob("*-s0/metrics.jsonl"))) < 2 or any(
+        p.stat().st_size == 0 for p in (tmp / out).glob("*-s0/metrics.jsonl")
+    ):
+        assert time.monotonic() < deadline and proc.poll() is None, "the runs did not start"
+        time.sleep(0.2)
+    return proc
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_parallel_compare_killed_with_sigkill_leaves_no_process_behind(setup):
+    import signal
+    import time
+
+    tmp, _ = setup
+    proc = _parallel_compare(tmp, "killed-compare")
+    assert len(_session(proc.pid)) >= 3  # the compare, two job workers, the resource tracker
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _session(proc.pid)
+    for pid in left:  # do not leave them running whatever the outcome
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_job_worker_killed_is_one_sentence(setup):
+    import signal
+
+    tmp, _ = setup
+    proc = _parallel_compare(tmp, "worker-killed")
+    workers = [p for p in _session(proc.pid) if p != proc.pid]
+    cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in workers}
+    job = next(p for p, c in cmdlines.items() if b"spawn_main" in c)
+    os.kill(job, signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: a job worker process died while")

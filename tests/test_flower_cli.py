@@ -71,6 +71,13 @@ def test_split_clients_into_contiguous_ranges():
             "--round-timeout -1.0 is not a number of seconds",
         ),
         (["run", "CFG", "--insecure"], "--superlink '' is not host:port"),
+        *[
+            (
+                ["run", "CFG", "--insecure", "--superlink", bad],
+                f"--superlink '{bad}' is not host:port",
+            )
+            for bad in (":abc", ":99999", ":0", "127.0.0.1:", "127.0.0.1:65536", "h:-1")
+        ],
         (["run", "CFG", "--superlink", "h:1"], "exactly one of --root-certificates"),
         (
             ["run", "CFG", "--superlink", "h:1", "--root-certificates", "no.pem"],
@@ -97,3 +104,41 @@ def test_pflkit_imports_and_explains_when_flower_is_missing(cfg_file, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert "Flower is not installed: pip install 'pflkit[flower]'" in r.stderr
+
+
+def test_a_failed_flower_local_leaves_no_temporary_folder(cfg_file, tmp_path, monkeypatch):  # noqa: F811
+    import tempfile
+
+    from pflkit import cli
+    from pflkit.errors import PflkitError
+    from pflkit.flower import local
+
+    def fails(self):
+        (self.workdir / "superlink.log").write_text("boom\n")
+        raise PflkitError("flower-superlink exited with code 1 on start")
+
+    monkeypatch.setattr(local.Federation, "__enter__", fails)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["pflkit", "flower", "local", str(cfg_file), "-o", "out"])
+    with pytest.raises(SystemExit) as err:
+        cli.main()
+    assert err.value.code == 2
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_process_that_dies_on_start_is_named_with_its_last_log_line(tmp_path):
+    from pflkit.errors import PflkitError
+    from pflkit.flower.local import free_port, wait_for_port
+
+    log = tmp_path / "superlink.log"
+    with open(log, "wb") as f:
+        code = "print('starting'); print('Address already in use'); raise SystemExit(3)"
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=f)
+    proc.wait()
+    with pytest.raises(PflkitError) as err:
+        wait_for_port(free_port(), 10, "flower-superlink", proc, log)
+    assert str(err.value) == (
+        "flower-superlink exited with code 3 on start; the end of its log: Address already in use"
+    )

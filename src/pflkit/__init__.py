@@ -11,24 +11,37 @@ Grids and results: ``run_sweep(cfg, out)``, ``make_report(folder)`` (its ``.mark
 ``load_runs(folder)`` (a pandas DataFrame; ``pip install 'pflkit[report]'``).
 """
 
-from pflkit.config import ExperimentConfig, load_config
-from pflkit.data.export import export_partition
-from pflkit.engine import RunResult, Simulation, run_experiment
-from pflkit.engine.compare import run_compare, run_sweep
-from pflkit.errors import PflkitError
-from pflkit.report.results import load_runs, make_report
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
-__all__ = [
-    "ExperimentConfig",
-    "PflkitError",
-    "RunResult",
-    "Simulation",
-    "export_partition",
-    "load_config",
-    "load_runs",
-    "make_report",
-    "run_compare",
-    "run_experiment",
-    "run_sweep",
-]
+# the API, imported on first use: ``import pflkit`` (and the command line's start, where a
+# Ctrl-C must be caught) does not load torch
+_API = {
+    "ExperimentConfig": "pflkit.config",
+    "load_config": "pflkit.config",
+    "export_partition": "pflkit.data.export",
+    "RunResult": "pflkit.engine",
+    "Simulation": "pflkit.engine",
+    "run_experiment": "pflkit.engine",
+    "run_compare": "pflkit.engine.compare",
+    "run_sweep": "pflkit.engine.compare",
+    "PflkitError": "pflkit.errors",
+    "load_runs": "pflkit.report.results",
+    "make_report": "pflkit.report.results",
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module 'pflkit' has no attribute {name!r}")
+    value = getattr(import_module(_API[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

@@ -741,21 +741,24 @@ def flower_local(
     if workdir is not None:
         make_folder(workdir, "Flower work folder")
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pflkit-flower-"))
-    with Federation(spec, work, tls=tls, auth=auth) as fed:
-        security = "TLS + SuperNode auth" if fed.auth else "TLS" if fed.tls else "insecure"
-        out_console.print(
-            f"SuperLink 127.0.0.1:{fed.port} ({security}), SuperNodes hosting clients "
-            f"{', '.join(spec)}; Flower logs in {work}"
-        )
-        fed.run(
-            cfg.to_yaml(),
-            run_dir,
-            timeout=timeout,
-            progress=_show_row,
-            **waits,
-        )
-    if workdir is None:
-        shutil.rmtree(work, ignore_errors=True)
+    try:
+        with Federation(spec, work, tls=tls, auth=auth) as fed:
+            security = "TLS + SuperNode auth" if fed.auth else "TLS" if fed.tls else "insecure"
+            where = f"Flower logs in {work}" if workdir else "--workdir DIR keeps Flower's logs"
+            out_console.print(
+                f"SuperLink 127.0.0.1:{fed.port} ({security}), SuperNodes hosting clients "
+                f"{', '.join(spec)}; {where}"
+            )
+            fed.run(
+                cfg.to_yaml(),
+                run_dir,
+                timeout=timeout,
+                progress=_show_row,
+                **waits,
+            )
+    finally:  # a temporary work folder goes, whether the run finished or not
+        if workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
     _show_summary(run_dir)
 
 
@@ -778,6 +781,7 @@ def flower_run(
 ) -> None:
     """Submit CONFIG to a running SuperLink whose SuperNodes host its clients (see
     docs/flower.md); waits for the run to finish."""
+    import shutil
     import tempfile
 
     from pflkit.flower import require_flower
@@ -785,9 +789,11 @@ def flower_run(
     require_flower()
     from pflkit.flower.local import Connection
 
-    if ":" not in superlink:
+    host, _, port = superlink.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise PflkitError(
-            f"--superlink '{superlink}' is not host:port: e.g. --superlink 10.0.0.5:9093"
+            f"--superlink '{superlink}' is not host:port with a port from 1 to 65535: e.g. "
+            "--superlink 10.0.0.5:9093"
         )
     if insecure == (root_certificates is not None):
         raise PflkitError("give exactly one of --root-certificates CA.pem (TLS) and --insecure")
@@ -798,14 +804,17 @@ def flower_run(
     waits = _waits(node_wait, round_timeout)
     _seconds("--timeout", timeout, zero_ok=False)
     cfg = load_config(config, set_ or [], imports)
-    home = Path(tempfile.mkdtemp(prefix="pflkit-flwr-")) / "flwr-home"
-    Connection(superlink, home, root_certificates).run(
-        cfg.to_yaml(),
-        out,
-        timeout=timeout,
-        echo=True,
-        **waits,
-    )
+    home = Path(tempfile.mkdtemp(prefix="pflkit-flwr-"))
+    try:
+        Connection(superlink, home / "flwr-home", root_certificates).run(
+            cfg.to_yaml(),
+            out,
+            timeout=timeout,
+            echo=True,
+            **waits,
+        )
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     out_console.print(f"run completed; run folder on the SuperLink's machine: {out}")
 
 

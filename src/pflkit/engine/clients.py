@@ -287,9 +287,40 @@ class InProcess(ClientRunner):
 # -- process pool -----------------------------------------------------------------------------------
 
 _WORKER: dict[str, Any] = {}  # in a worker process: its algorithm, environments and config
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Make this worker process end when its parent ends, even by SIGKILL (a parent killed
+    that way cannot stop its pool): Linux's ``PR_SET_PDEATHSIG``, elsewhere a watchdog thread
+    that polls the parent's id every second. ``parent``: the pid the worker expects as its
+    parent (the worker exits at once if that one has already gone); None: whichever it has.
+    A fork-server worker's parent is the fork server, which ends with the process that
+    started it."""
+    import ctypes
+    import threading
+    import time
+
+    parent = os.getppid() if parent is None else parent
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        watched = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        watched = False
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+    if not watched:
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
 
 
 def _worker_init(cfg_dump: dict[str, Any], data: FederatedDataset, threads: int) -> None:
+    die_with_parent()
     # Ctrl-C and a cluster's SIGTERM are the parent's to handle: it finishes the round
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

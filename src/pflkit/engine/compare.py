@@ -34,6 +34,7 @@ import os
 import re
 import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -150,14 +151,18 @@ def _run_one(
 _stopping: Any = None  # in a job worker: the compare's "start no new run" event
 
 
-def _init_worker(stopping: Any) -> None:
+def _init_worker(stopping: Any, parent: int) -> None:
     """A job worker: out of the terminal's process group, so that a Ctrl-C reaches it once,
-    through the compare; signals are ignored except while a run listens (StopSignals)."""
+    through the compare; signals are ignored except while a run listens (StopSignals); it dies
+    with the compare (``parent``), even when that is killed with SIGKILL."""
+    from pflkit.engine.clients import die_with_parent
+
     global _stopping
     _stopping = stopping
-    os.setpgrp()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    die_with_parent(parent)
+    os.setpgrp()
 
 
 def _job(cfg_json: dict[str, Any], folder: str) -> str | None:
@@ -257,7 +262,7 @@ def _run_all(
     workers = min(jobs, max(len(todo), 1))
     with (
         _PassOn() as signalled,
-        ProcessPoolExecutor(workers, ctx, _init_worker, (stopping,)) as pool,
+        ProcessPoolExecutor(workers, ctx, _init_worker, (stopping, os.getpid())) as pool,
     ):
         pending = {}
         for run_cfg, folder in todo:
@@ -272,8 +277,14 @@ def _run_all(
             finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for f in finished:
                 name, err = pending.pop(f), f.exception()
-                if isinstance(err, RunInterrupted):  # signalled (through the compare or not)
-                    signalled.signal = signalled.signal or err.signal
+                if isinstance(err, BrokenProcessPool) and not signalled.signal:
+                    err = PflkitError(
+                        f"a job worker process died while running '{name}' (killed, or out of "
+                        "memory): run the same command again to continue (finished runs are "
+                        "kept, interrupted ones resume from their checkpoints)"
+                    )
+                if isinstance(err, RunInterrupted | BrokenProcessPool):  # signalled
+                    signalled.signal = signalled.signal or getattr(err, "signal", "SIGTERM")
                 elif _goes_on(err, keep_going):
                     failures[name] = err
                     if progress is not False:

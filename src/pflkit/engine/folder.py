@@ -54,9 +54,17 @@ def make_folder(path: Path, what: str) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (through ``<name>.tmp``, removed if the write fails)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:  # disk full, quota, read-only
+        tmp.unlink(missing_ok=True)
+        raise PflkitError(
+            f"cannot write '{path}' ({err.strerror or err}): free disk space and run the same "
+            "command again"
+        ) from None
 
 
 def fingerprint(cfg: ExperimentConfig, partition_id: str, legacy: bool = False) -> str:

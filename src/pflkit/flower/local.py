@@ -217,16 +217,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout: float, what: str, proc: subprocess.Popen) -> None:
+def wait_for_port(
+    port: int, timeout: float, what: str, proc: subprocess.Popen, log: Path | None = None
+) -> None:
+    """Wait until ``proc`` listens on ``port``; else one sentence that quotes the last line
+    of its ``log`` (a temporary work folder is gone by the time the user reads it)."""
+
+    def last_line() -> str:
+        lines = log.read_text(errors="replace").strip().splitlines() if log else []
+        return f"; the end of its log: {lines[-1].strip()}" if lines else ": see its log"
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise PflkitError(f"{what} exited with code {proc.returncode} on start: see its log")
+            raise PflkitError(f"{what} exited with code {proc.returncode} on start{last_line()}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.1)
-    raise PflkitError(f"{what} did not open port {port} within {timeout:.0f} s: see its log")
+    raise PflkitError(f"{what} did not open port {port} within {timeout:.0f} s{last_line()}")
 
 
 def _reap_orphans(keep: set[int]) -> None:
@@ -442,8 +451,9 @@ class Federation:
         cmd += ["--disable-runtime-dependency-installation"]
         if self.auth:
             cmd.append("--enable-supernode-auth")
+        proc = self._start("superlink", cmd)
         wait_for_port(
-            self.port, self.start_timeout, "flower-superlink", self._start("superlink", cmd)
+            self.port, self.start_timeout, "flower-superlink", proc, self.workdir / "superlink.log"
         )
         for i, clients in enumerate(self.nodes):
             cmd = [
@@ -462,7 +472,8 @@ class Federation:
                     raise PflkitError(f"flwr supernode register failed: {reg.stdout}{reg.stderr}")
                 cmd += ["--auth-supernode-private-key", str(private)]
             proc = self._start(f"node{i}", cmd)
-            wait_for_port(port, self.start_timeout, f"flower-supernode {i}", proc)
+            log = self.workdir / f"node{i}.log"
+            wait_for_port(port, self.start_timeout, f"flower-supernode {i}", proc, log)
 
     def run(self, config_text: str, out: str | Path, **kw) -> None:
         """:meth:`Connection.run` on this federation."""
