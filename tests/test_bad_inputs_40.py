@@ -316,23 +316,29 @@ def test_ctrl_c_while_a_plugin_imports_is_exit_130(cli, cfg_file, tmp_path, monk
     assert not (tmp_path / "r").exists()
 
 
-def test_ctrl_c_while_pflkit_itself_imports_is_exit_130(tmp_path):
+@pytest.mark.parametrize(
+    ("interrupt", "how", "code"),
+    [("raise KeyboardInterrupt", "Ctrl-C", 130), ("os.kill(os.getpid(), 15)", "SIGTERM", 143)],
+)
+def test_an_interrupt_while_pflkit_itself_imports_is_one_line(tmp_path, interrupt, how, code):
     import subprocess
     import sys
 
-    code = (  # a Ctrl-C while the command line's modules load, as the console script starts
-        "import sys\n"
-        "class CtrlC:\n"
+    program = (  # a Ctrl-C or SIGTERM while the command line's modules load
+        "import os, sys\n"
+        "class Interrupt:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name == 'typer':\n"
-        "            raise KeyboardInterrupt\n"
-        "sys.meta_path.insert(0, CtrlC())\n"
+        f"            {interrupt}\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
         "sys.argv = ['pflkit', 'list']\n"
         "from pflkit.__main__ import main\n"
         "main()\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
-    one_sentence(r, "interrupted (Ctrl-C) while pflkit was starting: nothing ran", code=130)
+    r = subprocess.run(
+        [sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True
+    )
+    one_sentence(r, f"interrupted ({how}) while pflkit was starting: nothing ran", code=code)
 
 
 def test_import_pflkit_is_light_and_its_api_loads_on_use():

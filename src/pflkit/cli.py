@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from pflkit.config import load_config
-from pflkit.errors import PflkitError, RunInterrupted
+from pflkit.errors import PflkitError, RunInterrupted, terminated
 
 app = typer.Typer(
     add_completion=False,
@@ -855,9 +855,13 @@ def flower_node_key(
     out_console.print(f"wrote {private} and {public}")
 
 
-#: a Ctrl-C that no command turned into a sentence of its own (``run``'s round loop stops at a
-#: round's end and says how to resume; ``compare`` says how to continue)
-INTERRUPTED = "interrupted (Ctrl-C): stopped at once"
+def _stopped_at_once() -> None:
+    """A Ctrl-C (or SIGTERM, :func:`~pflkit.errors.sigterm_as_interrupt`) that no command
+    turned into a sentence of its own (``run``'s round loop stops at a round's end and says
+    how to resume; ``compare`` says how to continue)."""
+    how = "SIGTERM" if terminated() else "Ctrl-C"
+    print(f"error: interrupted ({how}): stopped at once", file=sys.stderr)
+    sys.exit(143 if terminated() else 130)
 
 
 def main() -> None:
@@ -872,8 +876,7 @@ def main() -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print(f"error: {INTERRUPTED}", file=sys.stderr)
-        sys.exit(130)
+        _stopped_at_once()
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except Exception as err:  # click usage errors
@@ -884,7 +887,7 @@ def main() -> None:
             sys.exit(err.exit_code)
         raise
     if code == 130:
-        print(f"error: {INTERRUPTED}", file=sys.stderr)
+        _stopped_at_once()
     if isinstance(code, int) and code != 0:
         sys.exit(code)
 

@@ -8,6 +8,7 @@ that sentence and exits with code 2; it never shows a traceback for these.
 from __future__ import annotations
 
 import difflib
+import signal
 from collections.abc import Iterable
 
 
@@ -34,3 +35,23 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> PflkitError:
     hint = f"did you mean '{close[0]}'?" if close else f"choose one of: {', '.join(known)}."
     shown = str(name) if str(name).isprintable() else repr(str(name))[1:-1]  # one line, always
     return PflkitError(f"unknown {kind} '{shown}': {hint} (`pflkit list` shows all)")
+
+
+_TERMINATED: list[str] = []  # set once SIGTERM arrived through sigterm_as_interrupt's handler
+
+
+def sigterm_as_interrupt() -> None:
+    """From now until a command installs its own handler (a run's round loop, a compare),
+    SIGTERM stops the process like a Ctrl-C, through the same clean-up, and
+    :func:`terminated` then says so (the CLI exits 143 instead of 130)."""
+
+    def handle(signum: int, frame: object) -> None:
+        _TERMINATED.append("SIGTERM")
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handle)
+
+
+def terminated() -> bool:
+    """Whether the KeyboardInterrupt being handled came from SIGTERM (sigterm_as_interrupt)."""
+    return bool(_TERMINATED)
