@@ -56,7 +56,7 @@ class Update(NamedTuple):
 
 def param(default: Any, source: str, **constraints: Any) -> Any:
     """A typed algorithm parameter whose default comes from ``source`` ("paper", "authors'
-    code", "MAP §3", ...); ``pflkit list --params NAME`` prints it. ``constraints`` are
+    code", "MAP §4.2.2", ...); ``pflkit list --params NAME`` prints it. ``constraints`` are
     pydantic's (``gt``, ``ge``, ``le``, ...)."""
     return Field(default, json_schema_extra={"source": source}, **constraints)
 

@@ -26,7 +26,7 @@ Defaults: ``lam`` = 0.1, the value in both the Ditto paper's grid for clean data
 {0.1, 1, 2} and the MAP code's grid {0.1, 0.01, 0.001}; ``personal_epochs`` =
 ``train.local_epochs`` and ``personal_lr`` = ``train.lr`` (the paper uses one eta; the MAP code
 trains the personal model for as many steps as the global branch). Both branches use the
-config's optimiser settings (momentum, weight decay). DittoRS: ``alpha`` = 0.9 (MAP §3) and
+config's optimiser settings (momentum, weight decay). DittoRS: ``alpha`` = 0.9 (MAP §4.1.3, §5.2.5) and
 ``rs_mode="hard"``, the paper's RS indicator (Eq. 8: alpha for classes the client lacks, 1
 otherwise; MAP defines DittoRS only as "RS applied to Ditto"); ``rs_mode="soft"``
 (alpha + (1 - alpha) n_c / max_j n_j) is what the MAP code's DittoRS uses.

@@ -15,7 +15,7 @@ Shared: the whole model. Private: the inherited private model (HPM) and the sele
 
 Deviations: a client's first selection trains on plain CE (there is no HPM to learn from;
 ``hpm_init: start`` distils from the download instead).
-Defaults: lambda = 0.01, KD, tau = 4, mu = 0.9 (MAP §3); sample-weighted averaging (the code).
+Defaults: lambda = 0.01, KD, tau = 4, mu = 0.9 (MAP §4.2.2, §5.2.5); sample-weighted averaging (the code).
 
 PFLlib's FedPHP (``system/flcore/clients/clientphp.py``, ``servers/serverphp.py`` at d832e76)
 is ``kt: mmd, mmd_form: pfllib, hpm_init: start, mu_schedule: code, personal: trained`` with

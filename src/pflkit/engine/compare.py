@@ -103,9 +103,7 @@ def _claim(out: Path, cfg: ExperimentConfig) -> None:
     manifest = out / MANIFEST
     if manifest.exists():
         changed = cfg.model_dump(mode="json", exclude_defaults=True)
-        if manifest.read_text() != text and _differs(
-            yaml.safe_load(manifest.read_text()), identity, changed
-        ):
+        if _differs(yaml.safe_load(manifest.read_text()), identity, changed):
             raise PflkitError(
                 f"compare folder '{out}' holds a compare of another config (only engine, "
                 "output, threads and compare may change when continuing one): choose another --out"

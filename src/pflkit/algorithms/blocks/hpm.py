@@ -50,10 +50,10 @@ from pflkit.algorithms.env import ClientEnv
 
 
 class HPMParams(BaseModel):
-    lam: float = param(0.01, "MAP §3 (lambda of Eq. 13)", ge=0, le=1)
-    kt: Literal["kd", "mmd"] = param("kd", "MAP §3 (Eq. 11)")
+    lam: float = param(0.01, "MAP §4.2.2 (lambda of Eq. 13; values studied in §5.2.5)", ge=0, le=1)
+    kt: Literal["kd", "mmd"] = param("kd", "MAP §4.2.2 (KD Eq. 11 or MMD Eq. 12)")
     tau: float = param(4.0, "paper (KD temperature, fixed to 4)", gt=0)
-    mu: float = param(0.9, "MAP §3 (macro momentum)", ge=0, le=1)
+    mu: float = param(0.9, "MAP §4.2.2 (macro momentum of Eq. 10)", ge=0, le=1)
     mu_schedule: Literal["paper", "code"] = param("paper", "paper (Eq. 10); code: authors' code")
     kd_form: Literal["paper", "code"] = param("paper", "paper (Eq. 11); code: authors' code")
     mmd_form: Literal["multi_kernel", "pfllib"] = param(

@@ -42,7 +42,9 @@ RSMode = Literal["hard", "soft", "complete"]
 
 
 class RSParams(BaseModel):
-    alpha: float = param(0.9, "MAP §3 (scale of missing classes)", ge=0, le=1)
+    alpha: float = param(
+        0.9, "MAP §4.1.3 (alpha of Eq. 8, the scale of missing classes; §5.2.5)", ge=0, le=1
+    )
     rs_mode: RSMode = param("hard", "paper (MAP Eq. 8)")
     min_samples: int = param(1, "paper (observed = at least one sample)", ge=1)
 
