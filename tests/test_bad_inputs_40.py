@@ -282,6 +282,8 @@ def test_a_resume_may_not_lower_the_rounds_below_those_run(cli, finished, tmp_pa
           "--grid", "model.name=[mlp,nosuchmodel]"], "unknown model 'nosuchmodel'"),
         (["compare", "CFG", "--algorithms", "fedavg,local", "--seeds", "0", "--keep-going",
           "--set", "model.name=nosuchmodel"], "unknown model 'nosuchmodel'"),
+        (["compare", "CFG", "--algorithms", "fedavg", "--seeds", "0,1,0", "--jobs", "2"],
+         "compare.seeds lists seed 0 twice: list each seed once"),
         (["sweep", "CFG", "--algorithms", "fedavg", "--seeds", "0", "--select", "none",
           "--grid", "train.lr=[0.1]", "--grid", "train.lr=[0.2]"], "--grid gives 'train.lr' twice"),
         (["sweep", "CFG", "--algorithms", "fedavg", "--seeds", "0", "--select", "none",
