@@ -2,7 +2,7 @@
 # MAP reproduction on real Fashion-MNIST, LeNet column (docs/map.md, "Reproduction").
 #
 #   benchmarks/map_repro.sh [JOBS] [OUT]        # defaults: 2 jobs, runs/map-fmnist_lenet
-#   python benchmarks/paper_table.py map/fmnist_lenet docs/results/map-fmnist_lenet
+#   python benchmarks/paper_table.py map/fmnist_lenet results/map-fmnist_lenet
 #
 # Runs every (method, seed) of configs/map/fmnist_lenet.yaml's compare section as its own
 # `pflkit run`, JOBS at a time with one torch thread each (the numbers equal the process-pool
@@ -10,7 +10,7 @@
 # folder layout of `pflkit compare`. Then the aggregation-gap arms (docs/map.md), fixed before
 # any run. Safe to stop and restart: a finished run (summary.json) is skipped, an interrupted
 # one resumes from its last checkpoint (every 10 rounds), one without a checkpoint restarts.
-# Every finished run's record is kept in KEEP (default docs/results/map-fmnist_lenet, by
+# Every finished run's record is kept in KEEP (default results/map-fmnist_lenet, by
 # benchmarks/keep_runs.sh) and a run kept there is not run again, so the reproduction goes on
 # over sessions whose checkouts have no runs/ folder.
 set -euo pipefail
@@ -18,7 +18,7 @@ JOBS=${1:-2}
 OUT=${2:-runs/map-fmnist_lenet}
 CONFIG=configs/map/fmnist_lenet.yaml
 PFLKIT=${PFLKIT:-.venv/bin/pflkit}
-KEEP=${KEEP:-docs/results/map-fmnist_lenet}
+KEEP=${KEEP:-results/map-fmnist_lenet}
 export OUT CONFIG PFLKIT KEEP
 mkdir -p "$OUT"
 

@@ -6,14 +6,14 @@
 # R-pFedPM (the same pFedPM runs scored through the relation module, relation.json, kept with
 # the runs). Then the tables and the communication table:
 #   benchmarks/pfedpm_repro.sh [JOBS] [OUT] [N ...]       # defaults: 2, runs, 3 4 5
-#   python benchmarks/paper_table.py pfedpm/fmnist_n3 docs/results/pfedpm-n3 \
-#       docs/results/pfedpm-mh-n3                  # the table and the ranking verdict
-#   python benchmarks/pfedpm_relation.py docs/results/pfedpm-n3 docs/results/pfedpm-mh-n3
-#   python benchmarks/pfedpm_comm.py docs/results/pfedpm-n3 docs/results/pfedpm-mh-n3
+#   python benchmarks/paper_table.py pfedpm/fmnist_n3 results/pfedpm-n3 \
+#       results/pfedpm-mh-n3                  # the table and the ranking verdict
+#   python benchmarks/pfedpm_relation.py results/pfedpm-n3 results/pfedpm-mh-n3
+#   python benchmarks/pfedpm_comm.py results/pfedpm-n3 results/pfedpm-mh-n3
 # A failed run (e.g. a diverged loss) stops only itself (--keep-going); the script goes on and
 # exits 2 at the end, after the sentence naming it. Safe to stop and restart: compare keeps
 # finished runs and resumes interrupted ones. Every finished run's record is also kept in
-# KEEP/pfedpm-n<N> (default KEEP: docs/results, by benchmarks/compare_kept.sh) and not run
+# KEEP/pfedpm-n<N> (default KEEP: results, by benchmarks/compare_kept.sh) and not run
 # again, so the tables go on over sessions whose checkouts have no runs/ folder (report the
 # kept folders then).
 set -euo pipefail
@@ -26,7 +26,7 @@ JOBS=${1:-2}
 OUT=${2:-runs}
 shift $(($# < 2 ? $# : 2))
 NS=${*:-3 4 5}
-KEEP=${KEEP:-docs/results}
+KEEP=${KEEP:-results}
 PY=${PY:-.venv/bin/python}
 for n in $NS; do
     for arm in pfedpm pfedpm-mh; do

@@ -133,7 +133,7 @@ def test_check_and_bad_results_folder(tmp_path, capsys):
 
 
 def test_docs_claims_md_is_what_the_kept_runs_give():
-    """docs/claims.md rebuilds byte for byte from docs/results/ (rerun benchmarks/claims.py
+    """docs/claims.md rebuilds byte for byte from results/ (rerun benchmarks/claims.py
     after keeping runs)."""
     assert claims.main(["--check"]) == 0
 

@@ -199,7 +199,7 @@ class TrainConfig(_Section):
     on_nan: Literal["stop", "skip_client"] = "stop"
     # divergence that stays finite: a round whose mean training loss exceeds max_loss stops the
     # run (one sentence, exit 2; the folder resumes from its last checkpoint). A working run's
-    # losses stay far below it (at most 25 in every kept run of docs/results); null: no bound
+    # losses stay far below it (at most 25 in every kept run in results/); null: no bound
     max_loss: float | None = Field(1e4, gt=0)
     # a round in which every selected client dropped out (system.dropout) or was left out by
     # on_nan: skip_client, so that nothing reaches the server: stop the run (one sentence,
