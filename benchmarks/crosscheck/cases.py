@@ -41,6 +41,15 @@ CASES: dict[str, Case] = {
         ),
         Case("fedper", "pfllib", "FedPer", (), {"name": "fedper"}, f"{_PFLLIB} defaults."),
         Case(
+            "local",
+            "pfllib",
+            "Local",
+            (),
+            {"name": "local"},
+            f"{_PFLLIB} defaults: each client trains its own model, nothing is shared (the "
+            "control for FedAMP, whose PFLlib clients train the same way).",
+        ),
+        Case(
             "fedrep",
             "pfllib",
             "FedRep",
