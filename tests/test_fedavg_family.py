@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params
-from pflkit.algorithms.blocks.training import cross_entropy, get_weights
-from pflkit.algorithms.fedprox import proximal_loss
+from pflkit.algorithms.blocks.training import cross_entropy, get_weights, proximal_loss
 from pflkit.config import validate
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError

@@ -13,11 +13,11 @@ from pflkit.algorithms.blocks.training import (
     cross_entropy,
     get_weights,
     local_optim,
+    proximal_loss,
     set_weights,
 )
 from pflkit.algorithms.ditto import Ditto, smooth_l1_proximal_loss
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.fedprox import proximal_loss
 from pflkit.algorithms.scaffold import (
     Scaffold,
     scaffold_local_steps,

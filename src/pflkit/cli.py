@@ -158,9 +158,7 @@ def run(
             res = run_experiment(cfg, out=run_dir, progress=False if quiet else None)
         except KeyboardInterrupt:  # outside the round loop (which stops at a round's end)
             raise _interrupted(run_dir, existed) from None
-    final = res.summary.get("final", {})
-    shown = ", ".join(f"{k} {100 * v:.2f}%" for k, v in final.items() if k != "round")
-    out_console.print(f"run folder: {res.run_dir}\nlast round ({final.get('round')}): {shown}")
+    _show_summary(res.run_dir, res.summary)
 
 
 def _interrupted(run_dir: Path, existed: bool) -> RunInterrupted:
@@ -687,10 +685,9 @@ def _show_row(row: dict) -> None:
     out_console.print(", ".join(parts))
 
 
-def _show_summary(run_dir: Path) -> None:
-    import json
-
-    final = json.loads((run_dir / "summary.json").read_text()).get("final", {})
+def _show_summary(run_dir: Path, summary: dict) -> None:
+    """Print the run folder and the accuracies of ``summary``'s last round (its ``final``)."""
+    final = summary.get("final", {})
     shown = ", ".join(f"{k} {100 * v:.2f}%" for k, v in final.items() if k != "round")
     out_console.print(f"run folder: {run_dir}\nlast round ({final.get('round')}): {shown}")
 
@@ -715,6 +712,7 @@ def flower_local(
 ) -> None:
     """Try-out on this machine: start a SuperLink and SuperNodes on 127.0.0.1, run CONFIG on
     them through Flower, write the run folder, stop every process."""
+    import json
     import shutil
     import tempfile
 
@@ -737,7 +735,8 @@ def flower_local(
     cfg = load_config(config, set_ or [], imports)
     run_dir = new_run_dir(cfg, out).resolve()
     spec = split_clients(cfg.data.num_clients, nodes)
-    Simulation(cfg)  # every config, data and model error now, before a process starts
+    with Simulation(cfg):  # every config, data and model error now, before a process starts
+        pass
     if workdir is not None:
         make_folder(workdir, "Flower work folder")
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pflkit-flower-"))
@@ -759,7 +758,7 @@ def flower_local(
     finally:  # a temporary work folder goes, whether the run finished or not
         if workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    _show_summary(run_dir)
+    _show_summary(run_dir, json.loads((run_dir / "summary.json").read_text()))
 
 
 @flower.command("run")

@@ -80,8 +80,8 @@ BREAKS = [
         "fedavg",
         "weights not normalised by the total",
         "algorithms/base.py",
-        "acc.add_(u[key][k], alpha=wu / total)",
-        "acc.add_(u[key][k], alpha=wu / len(ups))",
+        "[wu / total for wu in w]",
+        "[wu / len(ups) for wu in w]",
         FEDAVG,
     ),
     Break(
@@ -129,7 +129,7 @@ BREAKS = [
     Break(
         "fedprox",
         "proximal term dropped",
-        "algorithms/fedprox.py",
+        "algorithms/blocks/training.py",
         "return cross_entropy(model, x, y) + 0.5 * mu * prox",
         "return cross_entropy(model, x, y)",
         FEDPROX,
@@ -137,7 +137,7 @@ BREAKS = [
     Break(
         "fedprox",
         "mu instead of mu / 2",
-        "algorithms/fedprox.py",
+        "algorithms/blocks/training.py",
         "return cross_entropy(model, x, y) + 0.5 * mu * prox",
         "return cross_entropy(model, x, y) + mu * prox",
         FEDPROX,
@@ -145,7 +145,7 @@ BREAKS = [
     Break(
         "fedprox",
         "proximal term with the wrong sign",
-        "algorithms/fedprox.py",
+        "algorithms/blocks/training.py",
         "(p - global_weights[name]).pow(2).sum()",
         "(p + global_weights[name]).pow(2).sum()",
         FEDPROX,

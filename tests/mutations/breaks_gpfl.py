@@ -107,7 +107,7 @@ BREAKS += [
     Break(
         "fedper",
         "trained head dropped (private part not kept)",
-        "algorithms/fedper.py",
+        "algorithms/blocks/split.py",
         'return Update(upload, {**state, "head": private}, {"train_loss": loss})',
         'return Update(upload, state, {"train_loss": loss})',
         FEDPER,
@@ -115,7 +115,7 @@ BREAKS += [
     Break(
         "fedper",
         "private layers shared (private_layers ignored)",
-        "algorithms/fedper.py",
+        "algorithms/blocks/split.py",
         'private = tuple(f"body.{name}." for name in self.params.private_layers)',
         "private = ()",
         FEDPER,
@@ -123,7 +123,7 @@ BREAKS += [
     Break(
         "fedper",
         "aggregation unweighted",
-        "algorithms/fedper.py",
+        "algorithms/blocks/split.py",
         'uniform = self.params.weighting == "uniform"',
         "uniform = True",
         FEDPER,
@@ -131,7 +131,7 @@ BREAKS += [
     Break(
         "fedper",
         "scores the downloaded body's initial head",
-        "algorithms/fedper.py",
+        "algorithms/blocks/split.py",
         'return {**view["body"], **state["head"]}',
         'return {**view["body"], **self.client_init(env)["head"]}',
         FEDPER,
@@ -139,7 +139,7 @@ BREAKS += [
     Break(
         "fedper",
         "MAP's protocol scores the aggregated body, not the trained one",
-        "algorithms/fedper.py",
+        "algorithms/blocks/split.py",
         'return {**upload["body"], **state["head"]}',
         'return {**view["body"], **state["head"]}',
         FEDPER,
@@ -343,8 +343,8 @@ BREAKS += [
         "pfedme",
         "beta mixing swapped",
         "algorithms/pfedme.py",
-        "k: (1 - b) * old[k] + b * v if v.is_floating_point() else v for k, v in mean.items()",
-        "k: b * old[k] + (1 - b) * v if v.is_floating_point() else v for k, v in mean.items()",
+        '"weights": convex_combination(old, mean, b)',
+        '"weights": convex_combination(mean, old, b)',
         PFEDME,
     ),
     Break(

@@ -32,11 +32,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple
 
-import torch
 from pydantic import Field, ValidationError
 from torch import Tensor, nn
 
 from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
+from pflkit.algorithms.blocks.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.config import StrictNumbers
 from pflkit.errors import PflkitError, unknown_name
@@ -46,12 +46,20 @@ Payload = dict[str, Any]
 Upload = dict[str, Any]
 
 
-class Update(NamedTuple):
-    """What :meth:`Algorithm.client_update` returns."""
-
+class _UpdateFields(NamedTuple):
     upload: Upload  # sent to the server (counted as communication)
     state: State  # the client's private state after the round (stays on the client)
-    metrics: dict[str, float] = {}  # diagnostics, e.g. training loss (not an upload)
+    metrics: dict[str, float]  # diagnostics, e.g. training loss (not an upload)
+
+
+class Update(_UpdateFields):
+    """What :meth:`Algorithm.client_update` returns: the named tuple ``(upload, state,
+    metrics)``. ``metrics`` left out (or None) is a new empty dict, one per update."""
+
+    __slots__ = ()
+
+    def __new__(cls, upload: Upload, state: State, metrics: dict[str, float] | None = None):
+        return super().__new__(cls, upload, state, {} if metrics is None else metrics)
 
 
 def param(default: Any, source: str, **constraints: Any) -> Any:
@@ -153,16 +161,7 @@ def weighted_average(
     ups = list(uploads.values())
     w = [1.0 if uniform else float(u["num_samples"]) for u in ups]
     total = sum(w)
-    out: Weights = {}
-    for k, v in ups[0][key].items():
-        if not v.is_floating_point():
-            out[k] = v.clone()
-            continue
-        acc = torch.zeros_like(v)
-        for u, wu in zip(ups, w, strict=True):
-            acc.add_(u[key][k], alpha=wu / total)
-        out[k] = acc
-    return out
+    return weighted_sum([u[key] for u in ups], [wu / total for wu in w], like=ups[0][key])
 
 
 def nbytes(obj: Any) -> int:

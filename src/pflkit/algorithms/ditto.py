@@ -65,10 +65,9 @@ from pflkit.algorithms.base import (
     train_from,
 )
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSMode, RSParams
-from pflkit.algorithms.blocks.training import LossFn, Weights, cross_entropy
+from pflkit.algorithms.blocks.training import LossFn, Weights, cross_entropy, proximal_loss
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.fedprox import proximal_loss
 
 
 def smooth_l1_proximal_loss(global_weights: Mapping[str, torch.Tensor], lam: float) -> LossFn:

@@ -85,6 +85,7 @@ from pflkit.algorithms.blocks.training import (
     proximal_pull,
     set_weights,
 )
+from pflkit.algorithms.blocks.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 
@@ -117,17 +118,10 @@ def heuristic_attention(cos: Tensor, cid: int, scale: float, self_weight: float)
 def cloud_model(stored: Sequence[Mapping[str, Tensor]], xi: Tensor, own: Mapping[str, Tensor]):
     """u = sum_j xi_j stored_j on floating entries (accumulated in float64, cast back; zero
     weights skipped); integer entries are ``own``'s."""
-    nz = [(j, float(xi[j])) for j in range(len(stored)) if float(xi[j]) != 0.0]
-    out: Weights = {}
-    for k, v in own.items():
-        if not v.is_floating_point():
-            out[k] = v.clone()
-            continue
-        acc = torch.zeros_like(v, dtype=torch.float64)
-        for j, w in nz:
-            acc.add_(stored[j][k].double(), alpha=w)
-        out[k] = acc.to(v.dtype)
-    return out
+    nz = [j for j in range(len(stored)) if float(xi[j]) != 0.0]
+    return weighted_sum(
+        [stored[j] for j in nz], [float(xi[j]) for j in nz], own, dtype=torch.float64
+    )
 
 
 def pair_stats(a: Mapping[str, Tensor], b: Mapping[str, Tensor], keys: Sequence[str]):

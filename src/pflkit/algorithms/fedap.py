@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from pflkit.algorithms.base import Payload, State, Update, param, register, train_from
 from pflkit.algorithms.blocks.bn import bn_keys, bn_modules, merged, only, without
 from pflkit.algorithms.blocks.training import Weights
+from pflkit.algorithms.blocks.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedbn import FedBN
 from pflkit.algorithms.pfedsim import warmup_rounds
@@ -142,17 +143,9 @@ class FedAP(FedBN):
         if cid not in server["stats"]:
             return {"weights": self.stored(server, cid), "need_stats": True}
         own = self.stored(server, cid)
-        out: Weights = {}
         row = self.row(server, cid)
-        for k, v in own.items():
-            if not v.is_floating_point():
-                out[k] = v.clone()
-                continue
-            acc = torch.zeros_like(v)
-            for j, w in row.items():
-                acc.add_(self.stored(server, j)[k], alpha=w)
-            out[k] = acc
-        return {"weights": out}
+        trees = [self.stored(server, j) for j in row]
+        return {"weights": weighted_sum(trees, list(row.values()), own)}
 
     def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
         model = env.model()

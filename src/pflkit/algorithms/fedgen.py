@@ -67,7 +67,7 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.blocks.training import cross_entropy, get_weights
+from pflkit.algorithms.blocks.training import cross_entropy, get_weights, unprefixed
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 
@@ -107,7 +107,7 @@ def diversity_loss(z: Tensor, feat: Tensor) -> Tensor:
 
 def head_logits(model: nn.Module, weights: Mapping[str, Tensor], feat: Tensor) -> Tensor:
     """The classifier head of ``weights`` (full-model keys) applied to features ``feat``."""
-    head = {k[len("head.") :]: v for k, v in weights.items() if k.startswith("head.")}
+    head = unprefixed(weights, "head.")
     return torch.func.functional_call(model.head, head, (feat,))
 
 

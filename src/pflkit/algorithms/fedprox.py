@@ -15,22 +15,10 @@ pFedSim App. A.5: mu = 1).
 
 from __future__ import annotations
 
-import torch
-
 from pflkit.algorithms.base import Payload, param, register
-from pflkit.algorithms.blocks.training import LossFn, cross_entropy
+from pflkit.algorithms.blocks.training import LossFn, proximal_loss
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
-
-
-def proximal_loss(global_weights: dict[str, torch.Tensor], mu: float):
-    """Cross-entropy plus (mu / 2) * ||w - w_global||^2 over the model's parameters."""
-
-    def loss_fn(model, x, y):
-        prox = sum((p - global_weights[name]).pow(2).sum() for name, p in model.named_parameters())
-        return cross_entropy(model, x, y) + 0.5 * mu * prox
-
-    return loss_fn
 
 
 @register

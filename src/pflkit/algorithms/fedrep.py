@@ -37,8 +37,8 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from pflkit.algorithms.base import param, register
+from pflkit.algorithms.blocks.split import SplitBody
 from pflkit.algorithms.env import ClientEnv
-from pflkit.algorithms.fedper import SplitBody
 from pflkit.models import PFLModel
 
 

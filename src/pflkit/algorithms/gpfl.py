@@ -175,8 +175,9 @@ def decay(tensors: list[Tensor], mu: float) -> GradHook:
 
 
 class GPFLNet(nn.Module):
-    """The personalized model: head(CoV(body(x), p)) with gamma, beta precomputed from p
-    (``cov`` None: head(body(x)), the no-CoV ablation)."""
+    """The personalized model with CoV: ``model.head(CoV(model.features(x)))`` with the fixed
+    ``gamma``, ``beta`` (computed once from p by :meth:`GPFL.scoring_model`, which scores the
+    plain model instead when the weights carry no ``cond.p``: the no-CoV ablation)."""
 
     def __init__(self, model: PFLModel, gamma: Tensor, beta: Tensor):
         super().__init__()
@@ -269,8 +270,7 @@ class GPFL(Algorithm):
         p = self.params
         shared = payload["shared"]
         model = env.model()
-        body_keys = model.group_keys("body")
-        set_weights(model, {**{k: shared[k] for k in body_keys}, **state["head"]})
+        set_weights(model, {**group(model, shared, "body"), **state["head"]})
         k = model.feature_dim
         g, pc = self._inputs(env, shared, state, k)
         cov = {n: v.clone().requires_grad_() for n, v in shared.items() if n.startswith("cov.")}
@@ -327,7 +327,7 @@ class GPFL(Algorithm):
 
     def _personal(self, env: ClientEnv, shared: Weights, state: State) -> Weights:
         model = env.model()
-        out = {k: shared[k] for k in model.group_keys("body")}
+        out = group(model, shared, "body")
         out.update(state["head"])
         if self.params.use_cov:
             out.update({n: v for n, v in shared.items() if n.startswith("cov.")})

@@ -36,24 +36,14 @@ Coefficient update (``coef_update``):
   every teacher is the plain mean of all clients' predictions (learned ``c`` against none);
   with ``c_init: identity`` every teacher is the student's own predictions (self-only).
 
-How ``c`` behaves (docs/ktpfl.md, "The knowledge coefficients"): the self term ``m = n`` is part
-of every teacher, so the KL part alone is minimised by ``c = I`` (self-teaching, §8.4) and only
-``rho`` holds ``c`` back. Where ``c`` settles depends on ``lam * KL / rho``, i.e. on the
-reduction (``sum`` scales the KL part by ``B``), on T (the KL between softened predictions
-shrinks about like ``1 / T^2``) and on N. Measured (docs/ktpfl.md: 8 clients, ``B = 300``
-public samples, 10 rounds; uniform is 0.125): with ``coef_kl: sum`` the KL part wins and the
-mean diagonal of ``c`` reaches 0.92 (one step per round) or 0.98 (20 steps) at T = 1, i.e.
-self-teaching, and 0.50 or 0.83 at T = 3; with ``coef_kl: mean`` it stays at 0.14 / 0.13 with
-one step of ``eta_3 = 0.01`` per round (``c`` moves by about 1e-3 a round: uniform mixing for a
-whole run) and reaches 0.22 with 20 steps at T = 1 (off-diagonal weights 0.04-0.20: it
-personalises without collapsing), 0.15 at T = 3. Defaults therefore: ``coef_kl: mean`` and
-``coef_steps: 20`` per round (the paper does not say how many steps eq. 7 stands for; the
-``rho`` term alone shrinks the gap to the minimiser by a factor ``(1 - 2 rho eta_3)^20 =
-0.75`` per round). At T > 1 raise ``lam`` by up to ``T^2`` to keep about the same balance
-(measured: ``lam = 9`` at T = 3 gives a diagonal of 0.27, against 0.22 at T = 1, ``lam = 1``).
-The server records the mean diagonal (self) mass of ``c`` after every update in its state,
-``c_self_mass`` (one number per round): a value near 1 means self-teaching (collapse), near
-``1 / N`` uniform mixing (FedMD).
+How ``c`` behaves: the self term ``m = n`` is part of every teacher, so the KL part alone is
+minimised by ``c = I`` (self-teaching, §8.4) and only ``rho`` holds ``c`` back; where ``c``
+settles depends on ``lam * KL / rho``, i.e. on the reduction (``sum`` scales the KL part by
+``B``), on T and on N. docs/ktpfl.md ("The knowledge coefficients") has the measurements behind
+the defaults ``coef_kl: mean`` and ``coef_steps: 20`` per round (the paper does not say how many
+steps eq. 7 stands for) and the advice on ``lam`` at T > 1. The server records the mean
+diagonal (self) mass of ``c`` after every update in its state, ``c_self_mass`` (one number per
+round): a value near 1 means self-teaching (collapse), near ``1 / N`` uniform mixing (FedMD).
 
 When ``c`` is updated (``coef_timing``): ``"after_distill_reuse_uploads"`` (default: eq. 7 after
 distillation, evaluated with the uploads of step 1, so no second upload),
@@ -110,9 +100,10 @@ from pflkit.algorithms.blocks.distill import (
     restrict,
     soft_predictions,
 )
+from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
+from pflkit.algorithms.blocks.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.errors import PflkitError
 
 EPS = 1e-12
 
@@ -239,11 +230,6 @@ def with_c(server: State, c: Tensor) -> State:
     return {**server, "c": c, "c_self_mass": [*server.get("c_self_mass", []), self_mass(c)]}
 
 
-def teacher_weights(c: Tensor, n: int) -> Tensor:
-    """Client ``n``'s teacher weights: column ``n`` of ``c`` (``c[m, n]`` = weight of ``m``)."""
-    return c[:, n]
-
-
 # -- KT-pFL (heterogeneous models, knowledge distillation) -----------------------------------------
 
 
@@ -301,16 +287,7 @@ class KTpFL(SoftTeacherKD):
 
 def mix_weights(c_col: Tensor, models: list[Weights], own: Weights) -> Weights:
     """``sum_m c_col[m] * models[m]`` for floating-point entries; integer buffers from ``own``."""
-    out: Weights = {}
-    for k, v in own.items():
-        if not v.is_floating_point():
-            out[k] = v.clone()
-            continue
-        acc = torch.zeros_like(v)
-        for w, m in zip(c_col.tolist(), models, strict=True):
-            acc.add_(m[k], alpha=w)
-        out[k] = acc
-    return out
+    return weighted_sum(models, c_col.tolist(), own)
 
 
 @register
@@ -329,12 +306,7 @@ class KTpFLHomo(Algorithm):
 
     def check(self, env: ServerEnv) -> None:
         require_public(env, self.name, self.params.public_per_round)
-        archs = set(env.archs)
-        if len(archs) > 1:
-            raise PflkitError(
-                f"algorithm '{self.name}' averages parameters, so every client needs the same "
-                f"architecture (got {len(archs)}): remove model.per_client, or use 'ktpfl'"
-            )
+        require_homogeneous(env, self.name, "averages parameters", instead="ktpfl")
 
     def server_init(self, env: ServerEnv) -> State:
         n = env.num_clients

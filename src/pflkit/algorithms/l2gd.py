@@ -85,7 +85,7 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
-from pflkit.algorithms.blocks.training import Weights
+from pflkit.algorithms.blocks.tree import interpolate
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.config import lr_factor
@@ -111,13 +111,7 @@ def pull(x: Mapping[str, torch.Tensor], x_bar: Mapping[str, torch.Tensor], c: fl
     """``times`` aggregation steps x <- x - c (x - x_bar), as x_bar + (1 - c)^times (x - x_bar),
     on the floating-point entries (integer entries stay x's)."""
     keep = (1.0 - c) ** times
-    out: Weights = {}
-    for k, v in x.items():
-        if not v.is_floating_point():
-            out[k] = v.clone()
-            continue
-        out[k] = x_bar[k] + keep * (v - x_bar[k])
-    return out
+    return interpolate(x_bar, x, keep)
 
 
 @register

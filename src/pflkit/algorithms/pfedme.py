@@ -63,6 +63,7 @@ from pflkit.algorithms.blocks.training import (
     set_weights,
     steps_per_epoch,
 )
+from pflkit.algorithms.blocks.tree import convex_combination
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 
@@ -157,10 +158,7 @@ class PFedMe(FedAvg):
     def aggregate(self, env, server, uploads, rnd, phase) -> State:
         mean = super().aggregate(env, server, uploads, rnd, phase)["weights"]
         b, old = self.params.beta, server["weights"]
-        weights = {
-            k: (1 - b) * old[k] + b * v if v.is_floating_point() else v for k, v in mean.items()
-        }
-        return {**server, "weights": weights}
+        return {**server, "weights": convex_combination(old, mean, b)}
 
     def personal_weights(self, env: ClientEnv, view: Payload, state: State):
         if self.params.scored == "global":

@@ -71,6 +71,7 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.bn import buffer_keys, merged, only, without
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.blocks.training import Weights
+from pflkit.algorithms.blocks.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 
@@ -123,19 +124,10 @@ def aggregation_weights(row: Tensor, cid: int, self_weight: SelfWeight = "paper"
 
 
 def mix(stored: list[Weights], w: Tensor, keys: list[str], own: Weights) -> Weights:
-    """sum_j w_j stored_j[k] for every float key in ``keys`` (entries with w_j = 0 skipped);
-    integer entries are the client's own."""
-    out: Weights = {}
-    nz = [(j, float(w[j])) for j in range(len(stored)) if w[j] > 0]
-    for k in keys:
-        if not own[k].is_floating_point():
-            out[k] = own[k].clone()
-            continue
-        acc = torch.zeros_like(own[k])
-        for j, wj in nz:
-            acc.add_(stored[j][k], alpha=wj)
-        out[k] = acc
-    return out
+    """sum_j w_j stored_j[k] for every float key in ``keys``, over the j with w_j > 0 in
+    order; integer entries are the client's own."""
+    nz = [j for j in range(len(stored)) if w[j] > 0]
+    return weighted_sum([stored[j] for j in nz], [float(w[j]) for j in nz], own, keys)
 
 
 @register

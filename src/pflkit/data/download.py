@@ -158,15 +158,6 @@ def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
 
-def file_digest(path: Path, algorithm: str) -> str:
-    """Hex digest of a file, read in chunks."""
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def expected_checksum(dataset: str, filename: str) -> tuple[str, str]:
     try:
         return CHECKSUMS[dataset][filename]

@@ -348,10 +348,6 @@ def _parse_idx(data: bytes, path: Path, ndim: int) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, count=expected, offset=header).reshape(dims)
 
 
-def _read_idx(path: Path, ndim: int) -> np.ndarray:
-    return _parse_idx(_read_maybe_gz(path), path, ndim)
-
-
 def _gray_to_tensor(images: np.ndarray, scale: float = 255.0) -> torch.Tensor:
     """uint8/float [N, H, W] -> float32 [N, 1, H, W] mapped by (x/scale - 0.5)/0.5."""
     x = torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32)).unsqueeze(1)

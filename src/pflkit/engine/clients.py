@@ -101,7 +101,7 @@ def train_client(
     phase: str,
     payload: Payload,
     state: State,
-) -> Update:
+) -> Update | None:
     """``client_update`` with torch seeded from (seed, round, phase index, client). A training
     metric or uploaded tensor that is not finite stops the run with one sentence (the usual
     cause: the lr), or with ``train.on_nan: skip_client`` returns None: the client is left

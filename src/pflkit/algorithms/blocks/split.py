@@ -5,6 +5,7 @@
   deep-copy one initial model into every client: all private heads start equal).
 - :func:`require_homogeneous`: algorithms that average (or mix, or generate) parameters need
   every client on the same architecture.
+- :class:`SplitBody`: the shared-body / private-head algorithm that FedPer and FedRep subclass.
 """
 
 from __future__ import annotations
@@ -12,9 +13,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pflkit.algorithms.blocks.training import Weights
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    State,
+    Update,
+    Weighting,
+    param,
+    weighted_average,
+)
+from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
+from pflkit.models import PFLModel
 
 
 def common_seed(seed: int, *keys: int) -> int:
@@ -30,12 +41,98 @@ def common_init(env: ClientEnv | ServerEnv) -> Weights:
 
 
 def require_homogeneous(
-    env: ServerEnv, name: str, why: str = "averages the feature extractor"
+    env: ServerEnv,
+    name: str,
+    why: str = "averages the feature extractor",
+    instead: str | None = None,
 ) -> None:
     """Refuse a federation of mixed architectures; ``why`` says what the algorithm does that
-    needs one architecture (it completes "algorithm 'name' ...")."""
+    needs one architecture (it completes "algorithm 'name' ..."), ``instead`` names an
+    algorithm the message offers for mixed architectures."""
     if len(set(env.archs)) > 1:
+        other = f", or use '{instead}'" if instead else ""
         raise PflkitError(
             f"algorithm '{name}' {why}, so every client needs the same "
-            f"architecture (got {len(set(env.archs))}): remove model.per_client"
+            f"architecture (got {len(set(env.archs))}): remove model.per_client{other}"
         )
+
+
+class SplitBody(Algorithm):
+    """Shared ``body`` (downloaded, trained, uploaded, averaged), private ``head`` (client
+    state ``head``), less the body layers named in ``private_layers``, which are private too.
+    Subclasses define :meth:`local_train`."""
+
+    class Params(Algorithm.Params):
+        weighting: Weighting = param(
+            "samples", "FedPer paper Alg. 1 (n_j / n); FedRep paper: plain mean; PFLlib: samples"
+        )
+        private_layers: list[str] = param(
+            [], "paper (the head only); fc1 with fedproto_cnn: FedProto's code (convs shared)"
+        )
+
+    def check(self, env: ServerEnv) -> None:
+        require_homogeneous(env, self.name)
+        model = env.model()
+        layers = sorted({k.split(".")[1] for k in model.group_keys("body")})
+        for name in self.params.private_layers:
+            if name not in layers:
+                raise PflkitError(
+                    f"algorithm '{self.name}' private_layers: {name!r} is not a layer of the "
+                    f"model's body (its layers: {', '.join(layers)})"
+                )
+        if not self.shared_keys(model):
+            raise PflkitError(
+                f"algorithm '{self.name}' private_layers {self.params.private_layers} leaves "
+                "nothing shared: keep at least one body layer out of it"
+            )
+
+    def shared_keys(self, model: PFLModel) -> list[str]:
+        """State-dict keys of the shared part: the body less ``private_layers``."""
+        private = tuple(f"body.{name}." for name in self.params.private_layers)
+        return [k for k in model.group_keys("body") if not k.startswith(private)]
+
+    def private_keys(self, model: PFLModel) -> list[str]:
+        """State-dict keys of the private part: ``private_layers`` of the body, then the head."""
+        shared = set(self.shared_keys(model))
+        return [k for k in model.group_keys("body") if k not in shared] + model.group_keys("head")
+
+    def server_init(self, env: ServerEnv) -> State:
+        w = common_init(env)
+        return {"body": {k: w[k] for k in self.shared_keys(env.model())}}
+
+    def client_init(self, env: ClientEnv) -> State:
+        w = common_init(env)
+        return {"head": {k: w[k] for k in self.private_keys(env.model())}}
+
+    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str) -> Payload:
+        return {"body": server["body"]}
+
+    def local_train(self, env: ClientEnv, model: PFLModel) -> float:
+        raise NotImplementedError
+
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+        model = env.model()
+        set_weights(model, {**payload["body"], **state["head"]})
+        loss = self.local_train(env, model)
+        w = get_weights(model)
+        upload = {"body": {k: w[k] for k in self.shared_keys(model)}, "num_samples": env.num_train}
+        private = {k: w[k] for k in self.private_keys(model)}
+        return Update(upload, {**state, "head": private}, {"train_loss": loss})
+
+    def aggregate(self, env, server, uploads, rnd, phase) -> State:
+        uniform = self.params.weighting == "uniform"
+        return {**server, "body": weighted_average(uploads, "body", uniform=uniform)}
+
+    def global_weights(self, env: ServerEnv, server: State):
+        return None
+
+    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+        return {"body": server["body"]}
+
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+        return {**view["body"], **state["head"]}
+
+    def trained_weights(self, env, view, upload, state):
+        """MAP's protocol: the model right after local training, the body this client trained
+        (its upload) with its trained private part, not this round's aggregated body."""
+        return {**upload["body"], **state["head"]}

@@ -141,6 +141,17 @@ def cross_entropy(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(model(x), y)
 
 
+def proximal_loss(global_weights: Mapping[str, Tensor], mu: float) -> LossFn:
+    """Cross-entropy plus (mu / 2) * ||w - w_global||^2 over the model's parameters (FedProx's
+    local objective, Ditto's personal one); :func:`proximal_pull` adds only the gradient."""
+
+    def loss_fn(model, x, y):
+        prox = sum((p - global_weights[name]).pow(2).sum() for name, p in model.named_parameters())
+        return cross_entropy(model, x, y) + 0.5 * mu * prox
+
+    return loss_fn
+
+
 def local_sgd(
     model: nn.Module,
     x: Tensor,
