@@ -43,10 +43,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pflkit.config import validate
 from pflkit.data.federated import build_federated
 from pflkit.engine.clients import InProcess, ProcessPool
 from pflkit.engine.simulation import Simulation
+from pflkit.experiment import validate
 from pflkit.models import build_model
 
 CONFIG = {

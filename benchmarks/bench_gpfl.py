@@ -25,10 +25,10 @@ import statistics
 import torch
 from bench_fedavg import CONFIG as ANCHOR  # this folder is on sys.path when run as a script
 
-from pflkit.config import validate
 from pflkit.data.federated import build_federated
 from pflkit.engine.clients import InProcess
 from pflkit.engine.simulation import Simulation
+from pflkit.experiment import validate
 
 # bench_fedavg.py's anchor setting, scoring only the personalized models
 CONFIG = {k: v for k, v in ANCHOR.items() if k != "algorithm"} | {

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from pflkit.algorithms import ALGORITHMS
-from pflkit.config import validate
 from pflkit.engine import Simulation
+from pflkit.experiment import validate
 
 ROUNDS = 3
 # shorter than the paper's defaults (the same code paths run), as in tests/test_conformance.py

@@ -29,9 +29,9 @@ import numpy as np
 
 from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.blocks.distill import SoftTeacherKD
-from pflkit.config import load_config
 from pflkit.data.federated import build_federated
 from pflkit.engine.checkpoint import load_checkpoint
+from pflkit.experiment import load_config
 
 KINDS = ("self", "group", "overlap", "disjoint")
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pflkit.config import load_config
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
+from pflkit.experiment import load_config
 
 METRICS = ("pers_acc_mean", "pers_acc_weighted", "pers_acc_std", "pers_acc_worst10")
 

@@ -17,7 +17,7 @@ if os.environ.get("PFLKIT_MUTANT"):  # tests/mutations/mutate.py: test the mutat
             f"{pflkit.__file__}: put the mutated copy first on PYTHONPATH"
         )
 
-from pflkit.config import validate  # noqa: E402
+from pflkit.experiment import validate  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,10 @@ import numpy as np
 import torch
 
 from conftest import tiny_config
-from pflkit.algorithms import build_algorithm, make_envs
-from pflkit.config import validate
+from pflkit.algorithms import build_algorithm
 from pflkit.data.federated import ClientData, FederatedDataset
+from pflkit.engine.envs import make_envs
+from pflkit.experiment import validate
 
 
 def federation(algo: dict, clients, classes: int, model: str = "mlp", hidden=(), **train):

@@ -14,8 +14,8 @@ from conftest import tiny_config
 from pflkit.algorithms.fedap import bn_wasserstein, feature_stats, fedap_weights
 from pflkit.algorithms.feddyn import feddyn_server_update
 from pflkit.algorithms.fedfomo import fomo_combine, fomo_weights
-from pflkit.config import validate
 from pflkit.engine import Simulation
+from pflkit.experiment import validate
 from split_helpers import federation
 
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from conftest import tiny_config
-from pflkit.config import validate
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def listing(folder: Path) -> dict[str, bytes]:

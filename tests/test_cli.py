@@ -134,7 +134,7 @@ def test_unreadable_and_invalid_config_files(cli, tmp_path):
 
 
 def test_yaml_reads_1e_minus_1_as_a_number(tmp_path):
-    from pflkit.config import load_config
+    from pflkit.experiment import load_config
 
     (tmp_path / "c.yaml").write_text("data:\n  partition: {name: dirichlet, alpha: 1e-1}\n")
     assert load_config(tmp_path / "c.yaml").data.partition["alpha"] == 0.1
@@ -348,9 +348,9 @@ def test_keep_going_finishes_the_other_runs_and_names_the_failed_one(cfg_file, t
 def test_keep_going_still_stops_at_a_signal(monkeypatch, tmp_path):
     """A signalled run (RunInterrupted, itself a PflkitError) is not a failure to go past: the
     one-job compare stops there and the next run never starts."""
-    from pflkit.config import validate
     from pflkit.engine import compare
     from pflkit.errors import RunInterrupted
+    from pflkit.experiment import validate
 
     started = []
 

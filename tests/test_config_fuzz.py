@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from conftest import tiny_config
-from pflkit.config import ExperimentConfig, validate
+from pflkit.config import ExperimentConfig
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:

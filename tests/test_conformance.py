@@ -19,10 +19,10 @@ from conftest import tiny_config  # noqa: E402
 from flower_fakes import FakeGrid, assert_rows_close, flower_run, task_identity  # noqa: E402
 from pflkit import algorithms  # noqa: E402
 from pflkit.algorithms import ALGORITHM_MODULES, ALGORITHMS  # noqa: E402
-from pflkit.config import validate  # noqa: E402
 from pflkit.engine import Simulation, run_experiment  # noqa: E402
 from pflkit.engine.clients import InProcess, ProcessPool  # noqa: E402
 from pflkit.errors import PflkitError  # noqa: E402
+from pflkit.experiment import validate  # noqa: E402
 from pflkit.flower.codec import decode, encode  # noqa: E402
 
 _task_identity = pytest.fixture(autouse=True)(task_identity)

@@ -139,8 +139,8 @@ def test_every_case_gives_a_pflkit_config_that_plans(xc):
     not an hour into a cross-check."""
     import yaml
 
-    from pflkit.config import validate
     from pflkit.engine.compare import compare_plan
+    from pflkit.experiment import validate
 
     for key, case in xc.CASES.items():
         shared = yaml.safe_load(xc.CONFIGS[case.library].read_text())

@@ -10,10 +10,11 @@ import torch
 from conftest import tiny_config
 from device_audit import DefaultDeviceElsewhere
 from pflkit.algorithms import ALGORITHMS
-from pflkit.config import resolve_device, validate
+from pflkit.config import resolve_device
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 NAMES = sorted(ALGORITHMS)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

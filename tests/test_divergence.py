@@ -11,10 +11,10 @@ import pytest
 
 from conftest import tiny_config
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.config import validate
 from pflkit.engine import run_experiment
 from pflkit.engine.runner import diverged
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def rows_of(folder):

@@ -260,10 +260,10 @@ def test_resume_survives_a_new_algorithm_parameter_and_reads_legacy_checkpoints(
     tiny, tmp_path, monkeypatch
 ):
     from pflkit.algorithms import ALGORITHMS, param
-    from pflkit.config import validate
     from pflkit.engine.checkpoint import load_checkpoint
     from pflkit.engine.folder import fingerprint
     from pflkit.engine.runner import CHECKPOINT
+    from pflkit.experiment import validate
 
     _, folder = _interrupted_run(tiny, tmp_path, monkeypatch, algorithm={"name": "fedprox"})
     fedprox = ALGORITHMS["fedprox"]

@@ -20,11 +20,11 @@ import yaml
 
 from conftest import tiny_config
 from pflkit import export_partition
-from pflkit.config import validate
 from pflkit.data.download import FASHION_MNIST_RAW_SHA256
 from pflkit.data.federated import build_federated
 from pflkit.data.sources import load_source
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -71,7 +71,7 @@ def flbench_dataset(folder: Path, tv_class: str) -> tuple[torch.Tensor, torch.Te
 
 
 def pflkit_pixels(x255: torch.Tensor) -> torch.Tensor:
-    """pflkit's mapping of 0..255 grey levels (sources._gray_to_tensor), for the comparison."""
+    """pflkit's mapping of 0..255 grey levels (pflkit.data.base._gray_to_tensor), for the comparison."""
     return x255.mul(2.0 / 255.0).sub(1.0)
 
 

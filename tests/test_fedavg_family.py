@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.training import cross_entropy, get_weights, proximal_loss
-from pflkit.config import validate
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def mlp_logits(w, x):

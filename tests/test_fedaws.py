@@ -15,9 +15,9 @@ from torch import nn
 from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.fedaws import final_linear, positive_loss, spreadout, spreadout_steps
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from pflkit.models.base import PFLModel
 
 # rows: cos(w1, w2) = 0.8, cos(w1, w3) = 0, cos(w2, w3) = -0.6 (w3 has norm 2)

@@ -90,6 +90,15 @@ def test_public_set_with_other_class_count_is_refused_unless_allowed(mnist5k_wit
     assert build_federated(public_cfg(allow_other_classes=True)).public_x.shape[0] == 100
 
 
+def signed(arrays: dict) -> dict:
+    """``arrays`` with the sha256 pflkit would have written for them (the check of a cache's
+    content, not of its checksum)."""
+    from pflkit.data.federated import _digest
+
+    plain = {k: v for k, v in arrays.items() if k != "sha256"}
+    return plain | {"sha256": np.asarray(_digest(plain))}
+
+
 @pytest.mark.parametrize(
     "tamper",
     ["duplicate", "two_clients", "out_of_range", "float", "empty"],
@@ -112,7 +121,7 @@ def test_a_wrong_cache_entry_is_recomputed_not_used(tmp_path, tamper):
         arrays["tr3"] = arrays["tr3"].astype(float)
     else:
         arrays["te4"] = arrays["te4"][:0]
-    np.savez(path, **arrays)
+    np.savez(path, **signed(arrays))  # a wrong entry that pflkit wrote: its checksum holds
     b = build_federated(digits(root=str(tmp_path)))
     assert all(np.array_equal(x, y) for x, y in zip(a.train_indices, b.train_indices, strict=True))
     assert all(np.array_equal(x, y) for x, y in zip(a.test_indices, b.test_indices, strict=True))

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from conftest import tiny_config
 from pflkit.algorithms.fedgen import FedGen, diversity_loss
-from pflkit.config import validate
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
+from pflkit.experiment import validate
 
 
 def test_diversity_loss_by_hand():
@@ -114,8 +114,9 @@ def hand_fedgen(**algo):
     """(algorithm, server env, client envs): two clients, softmax regression on 2 features and
     3 classes (the head reads the flattened input); the test labels differ from the train
     labels."""
-    from pflkit.algorithms import build_algorithm, make_envs
+    from pflkit.algorithms import build_algorithm
     from pflkit.data.federated import ClientData, FederatedDataset
+    from pflkit.engine.envs import make_envs
 
     cfg = validate(
         tiny_config(

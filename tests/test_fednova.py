@@ -15,9 +15,9 @@ from conftest import tiny_config
 from pflkit.algorithms.base import weighted_average
 from pflkit.algorithms.blocks.training import local_optim
 from pflkit.algorithms.fednova import FedNova, nova_norm
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def assert_close(actual, expected, rtol=1e-6, atol=0.0):

@@ -11,9 +11,9 @@ import torch
 from conftest import tiny_config
 from pflkit.algorithms.base import weighted_average
 from pflkit.algorithms.fedopt import FedOpt
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def assert_close(actual, expected, rtol=1e-6, atol=0.0):

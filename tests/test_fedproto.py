@@ -24,10 +24,10 @@ from pflkit.algorithms.fedproto import (
     proto_reg,
     prototype_loss,
 )
-from pflkit.config import validate
 from pflkit.data.federated import ClientData, FederatedDataset
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from pflkit.models import PFLModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")

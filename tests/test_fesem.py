@@ -10,9 +10,9 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms.fesem import fesem_step
-from pflkit.config import validate
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def w(x, y, s=0.0):

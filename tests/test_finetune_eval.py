@@ -13,12 +13,12 @@ import yaml
 
 from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.engine import clients as clients_module
 from pflkit.engine.clients import evaluate_client
 from pflkit.engine.runner import run_experiment
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

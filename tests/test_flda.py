@@ -15,9 +15,9 @@ from torch import nn
 from conftest import tiny_config
 from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.flda import flda_loss, gate_logit, mixture
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from pflkit.models import PFLModel
 
 LN3 = math.log(3.0)

@@ -14,9 +14,9 @@ from flwr.app import RecordDict  # noqa: E402
 
 from conftest import tiny_config  # noqa: E402
 from flower_fakes import FakeGrid, assert_rows_close, flower_run, task_identity  # noqa: E402
-from pflkit.config import validate  # noqa: E402
 from pflkit.engine.runner import run_experiment  # noqa: E402
 from pflkit.errors import PflkitError  # noqa: E402
+from pflkit.experiment import validate  # noqa: E402
 from pflkit.flower.client import hosted_clients  # noqa: E402
 from pflkit.flower.codec import decode, encode, get, put  # noqa: E402
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from conftest import tiny_config
-from pflkit.config import validate
 from pflkit.engine.runner import run_experiment
+from pflkit.experiment import validate
 from pflkit.flower.local import Federation
 from pflkit.flower.watchdog import alive
 from test_flower import CASES, assert_rows_close

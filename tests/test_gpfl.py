@@ -19,9 +19,9 @@ from pflkit.algorithms.gpfl import (
     mlg_loss,
     reg_norms,
 )
-from pflkit.config import validate
 from pflkit.engine import run_experiment
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from split_helpers import data, one_client
 
 A = np.array([[0.5, -1.0, 0.2], [0.3, 0.8, -0.4], [-0.6, 0.1, 0.9]])

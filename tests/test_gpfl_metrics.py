@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from conftest import tiny_config
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.engine.simulation import round_fraction, sample_clients
 from pflkit.errors import PflkitError
 from pflkit.eval import personal_metrics, summarize_clients, val_metrics
+from pflkit.experiment import validate
 from pflkit.report.results import build_report, find_settings, make_report
 from pflkit.report.summary import summarize
 

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from conftest import tiny_config
-from pflkit.algorithms import build_algorithm, make_envs, parse_params, resolve_params
+from pflkit.algorithms import build_algorithm, parse_params, resolve_params
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.distill import cosine_matrix, kd_loss, mix, project_simplex, restrict
 from pflkit.algorithms.blocks.training import get_weights, set_weights
@@ -28,10 +28,11 @@ from pflkit.algorithms.ktpfl import (
     update_coefficients,
 )
 from pflkit.algorithms.simpfd import similarity_weights, topk_weights
-from pflkit.config import validate
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
+from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from pflkit.models import build_model
 from test_fedavg_family import assert_close, hand_sgd, mlp_logits
 

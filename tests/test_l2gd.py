@@ -12,9 +12,9 @@ from torch import nn
 from conftest import tiny_config
 from pflkit.algorithms import l2gd as l2gd_module
 from pflkit.algorithms.l2gd import coin_runs, pull
-from pflkit.config import validate
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def perturbed(weights, scale, seed):

@@ -13,9 +13,9 @@ from pflkit.algorithms import parse_params
 from pflkit.algorithms.fedrod import fedrod_loss, generic_logits
 from pflkit.algorithms.perfedavg import meta_loss
 from pflkit.algorithms.pfedme import moreau_steps, pfedme_loss
-from pflkit.config import validate
 from pflkit.engine import run_experiment
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from split_helpers import data, np_ce_grad, np_softmax, one_client
 
 # -- FedRep ---------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from torch import nn
 from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.moon import model_contrastive_loss, moon_loss
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from pflkit.models.base import PFLModel
 
 R2 = math.sqrt(2.0)

@@ -14,10 +14,10 @@ import torch
 from conftest import tiny_config
 from pflkit.algorithms.base import nbytes, train_from
 from pflkit.algorithms.pfedhn import generate, hypernet_grads
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.engine.clients import seed_torch
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def test_linear_hypernet_gradient_by_hand():

@@ -22,9 +22,9 @@ from pflkit.algorithms.pfedpm import (
     relation_scores,
     relation_targets,
 )
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from pflkit.models import PFLModel
 from test_fedproto import synthetic_images
 

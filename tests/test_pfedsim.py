@@ -20,9 +20,9 @@ from pflkit.algorithms.pfedsim import (
     classifier_similarity,
     warmup_rounds,
 )
-from pflkit.config import validate
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
+from pflkit.experiment import validate
 
 A = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
 B = torch.tensor([[0.6, 0.8], [0.6, 0.8]])  # cos with A's rows: 0.6 and 0.8
@@ -239,8 +239,9 @@ def test_heterogeneous_clients_are_refused_in_one_sentence(tiny):
 def hand_pfedsim(n: int = 4, **algo):
     """(algorithm, server env, client envs): ``n`` clients with two samples each, an MLP 2 -> 2
     (ReLU) -> head 3 classes; T = 4 rounds, rho = 0.5: rounds 1-2 warm up, 3-4 personalize."""
-    from pflkit.algorithms import build_algorithm, make_envs
+    from pflkit.algorithms import build_algorithm
     from pflkit.data.federated import ClientData, FederatedDataset
+    from pflkit.engine.envs import make_envs
 
     cfg = validate(
         tiny_config(

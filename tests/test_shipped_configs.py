@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pflkit.algorithms import resolve_params
-from pflkit.config import load_config
 from pflkit.engine.compare import compare_plan
+from pflkit.experiment import load_config
 
 CONFIGS = sorted(Path(__file__).parent.parent.glob("configs/**/*.yaml"))
 

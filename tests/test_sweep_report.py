@@ -16,8 +16,8 @@ import yaml
 
 from conftest import tiny_config
 from pflkit import load_runs, make_report, run_experiment, run_sweep
-from pflkit.config import validate
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from pflkit.report.results import build_report, choose, find_settings, paired_p
 from pflkit.report.summary import summarize
 from test_cli import pflkit

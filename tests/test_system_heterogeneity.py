@@ -12,10 +12,10 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms.blocks.training import steps_per_epoch
-from pflkit.config import validate
 from pflkit.engine import Simulation
 from pflkit.engine.clients import InProcess, ProcessPool, system_draw
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 
 
 def rows(cfg, runner=None) -> list[dict]:

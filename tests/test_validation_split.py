@@ -13,11 +13,13 @@ import torch
 import yaml
 
 from conftest import tiny_config
-from pflkit.config import DataConfig, load_config, validate
+from pflkit.config import DataConfig
 from pflkit.data.federated import build_federated
 from pflkit.data.sources import default_data_root, load_source
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
+from pflkit.experiment import load_config, validate
+from test_federated import signed
 
 VAL_KEYS = {
     "val_pers_acc_mean",
@@ -107,7 +109,7 @@ def test_val_split_is_cached_and_a_cache_entry_without_it_is_recomputed(tmp_path
             bad = {k: v for k, v in bad.items() if not k.startswith("va")}
         else:
             bad["va1"] = np.append(bad["va1"], bad["tr1"][0])
-        np.savez(path, **bad)
+        np.savez(path, **signed(bad))  # a wrong entry that pflkit wrote: its checksum holds
         c = build_federated(cfg)
         assert all(np.array_equal(x, y) for x, y in zip(a.val_indices, c.val_indices, strict=True))
         with np.load(path) as z:  # and the entry was rewritten

@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 # Ctrl-C must be caught) does not load torch
 _API = {
     "ExperimentConfig": "pflkit.config",
-    "load_config": "pflkit.config",
+    "load_config": "pflkit.experiment",
     "export_partition": "pflkit.data.export",
     "RunResult": "pflkit.engine",
     "Simulation": "pflkit.engine",

@@ -15,8 +15,8 @@ import click
 import typer
 from rich.console import Console
 
-from pflkit.config import load_config
 from pflkit.errors import PflkitError, RunInterrupted, terminated
+from pflkit.experiment import load_config
 
 app = typer.Typer(
     add_completion=False,
@@ -339,8 +339,9 @@ def sweep(
     on test, labelled). Into an existing sweep folder of the same config it continues."""
     import json
 
-    from pflkit.config import parse_value, validate
+    from pflkit.config import parse_value
     from pflkit.engine.compare import run_sweep
+    from pflkit.experiment import validate
 
     overrides = _lists(set_, algorithms, seeds) + [
         f"sweep.{k}={json.dumps(v)}"  # quoted: an empty value is refused, not read as null

@@ -2,8 +2,9 @@
 
 Every section is a pydantic model with ``extra="forbid"``, so a misspelt key is an error, not a
 silently ignored setting. Algorithm hyper-parameters live under ``algorithm:`` next to its
-``name`` and are validated once, here, by that algorithm's own ``Params`` model (see
-:mod:`pflkit.algorithms`), which fills in every default. Validation errors are turned into one :class:`PflkitError` sentence.
+``name``; this module knows no algorithm: :mod:`pflkit.experiment` (``load_config``,
+``validate``) loads the plugins and has that algorithm's own ``Params`` model validate them and
+fill in every default. Validation errors are turned into one :class:`PflkitError` sentence.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from pflkit.errors import PflkitError
+from pflkit.strict import StrictNumbers
 
 # a seed must fit numpy's and torch's generators; more threads than this is a typo
 MAX_SEED = 2**32 - 1
@@ -30,32 +32,8 @@ MAX_BATCH = 1_000_000  # train.batch_size, eval.batch_size (100000 already means
 MAX_CLIENTS = 1_000_000  # model.per_client[].count
 
 
-class StrictNumbers(BaseModel):
-    """Unknown keys, inf/nan and true/false for a number are refused (config sections and
-    algorithm parameters)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, v: Any, info: Any) -> Any:
-        field = cls.model_fields.get(info.field_name)
-        if isinstance(v, bool) and field is not None and bool_is_wrong(field.annotation):
-            raise ValueError("must be a number, not true/false")
-        return v
-
-
 class _Section(StrictNumbers):
     pass
-
-
-def bool_is_wrong(annotation: Any) -> bool:
-    """Whether a field of this type takes numbers but not booleans (pydantic would read true
-    as 1)."""
-    import typing
-
-    args = typing.get_args(annotation) or (annotation,)
-    return bool not in args and any(a in (int, float) for a in args)
 
 
 def _named(v: dict[str, Any], example: str) -> dict[str, Any]:
@@ -427,23 +405,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def validate(raw: dict[str, Any]) -> ExperimentConfig:
-    """The typed config of ``raw``; the algorithm's parameters are validated by its ``Params``
-    and every default is filled in (so a run's config.yaml records all of them)."""
-    from pflkit.plugins import load_plugins  # imports the algorithms, which import this module
-
-    plugins = raw.get("plugins") or []
-    if not isinstance(plugins, list):
-        raise PflkitError(f"plugins must be a list of module names (got {plugins!r})")
-    load_plugins(plugins)  # before validation: they may register the names used below
+def parse(raw: dict[str, Any]) -> ExperimentConfig:
+    """The typed config of ``raw``, its device checked; the ``algorithm`` section stays as given
+    (:func:`pflkit.experiment.validate` has the algorithm's ``Params`` validate it)."""
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as err:
         raise PflkitError(_describe(err)) from None
     resolve_device(cfg.device)  # a wrong or missing device fails here, in one sentence
-    from pflkit.algorithms import resolve_params
-
-    cfg.algorithm = resolve_params(cfg.algorithm, cfg.train.weighting)
     return cfg
 
 
@@ -491,16 +460,3 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"config file '{path}' must be a mapping of sections, not a {type(raw).__name__}"
         )
     return raw
-
-
-def load_config(
-    path: str | Path | None,
-    overrides: list[str] | None = None,
-    plugins: list[str] | None = None,
-) -> ExperimentConfig:
-    """Read a YAML config (or start from defaults), apply overrides, add ``plugins`` (module
-    names, e.g. from ``--import``) to its ``plugins`` list, validate."""
-    raw = apply_overrides(read_yaml(path) if path is not None else {}, overrides or [])
-    if plugins:
-        raw["plugins"] = list(dict.fromkeys([*(raw.get("plugins") or []), *plugins]))
-    return validate(raw)

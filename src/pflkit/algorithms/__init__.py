@@ -20,7 +20,7 @@ from pflkit.algorithms.base import (
     resolve_params,
     weighted_average,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv, make_envs
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 # modules that define the contract or environments, not algorithms
 NOT_ALGORITHMS = {"base", "env", "blocks"}
@@ -38,7 +38,6 @@ __all__ = [
     "ServerEnv",
     "Update",
     "build_algorithm",
-    "make_envs",
     "param",
     "parse_params",
     "register",

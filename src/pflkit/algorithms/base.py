@@ -38,8 +38,8 @@ from torch import Tensor, nn
 from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
 from pflkit.algorithms.blocks.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.config import StrictNumbers
 from pflkit.errors import PflkitError, unknown_name
+from pflkit.strict import StrictNumbers
 
 State = dict[str, Any]
 Payload = dict[str, Any]

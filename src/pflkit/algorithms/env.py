@@ -1,6 +1,6 @@
 """What an algorithm may see: a :class:`ClientEnv` on the client side, a :class:`ServerEnv` on
-the server side. The engine builds them (:func:`make_envs`); an algorithm object itself holds
-only its validated parameters.
+the server side. The engine builds them (:func:`pflkit.engine.envs.make_envs`); an algorithm
+object itself holds only its validated parameters.
 
 - A **client environment** is one client's world: its own train/test tensors,
   the public set (when the run configures one), a model pool for its architecture, the resolved
@@ -19,7 +19,6 @@ models per client per round.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,15 +34,8 @@ from pflkit.algorithms.blocks.training import (
     local_sgd,
     steps_per_epoch,
 )
-from pflkit.config import (
-    ExperimentConfig,
-    ModelConfig,
-    SystemConfig,
-    TrainConfig,
-    resolve_device,
-)
-from pflkit.data.federated import ClientData, FederatedDataset
-from pflkit.errors import PflkitError
+from pflkit.config import SystemConfig, TrainConfig
+from pflkit.data.federated import ClientData
 from pflkit.models import PFLModel, build_model
 
 
@@ -196,57 +188,3 @@ class ServerEnv:
 
     def init_weights(self, arch: str | None = None) -> Weights:
         return self.models.init_weights(arch or self.global_arch)
-
-
-def arch_specs(m: ModelConfig) -> tuple[dict[str, tuple[str, dict[str, Any]]], str, list[str]]:
-    """Architecture keys of a model config: (specs by key, global key, per-client order)."""
-    specs: dict[str, tuple[str, dict[str, Any]]] = {}
-
-    def register(name: str, options: dict[str, Any]) -> str:
-        key = name if not options else f"{name}{json.dumps(options, sort_keys=True)}"
-        specs[key] = (name, options)
-        return key
-
-    global_arch = register(m.name, m.options)
-    order: list[str] = []
-    for spec in m.per_client or []:
-        if isinstance(spec, str):
-            order.append(register(spec, {}))
-        else:
-            order += [register(spec.name, spec.options)] * spec.count
-    return specs, global_arch, order
-
-
-def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv, list[ClientEnv]]:
-    """The server environment and every client's environment of a run, with the data on the
-    run's device. Every architecture is built once here, so a bad model name or option fails
-    before anything runs."""
-    specs, global_arch, order = arch_specs(cfg.model)
-    device = torch.device(resolve_device(cfg.device))
-    data = data.to(device)
-    pool = ModelPool(specs, data.input_shape, data.num_classes, device)
-    for arch in specs:
-        pool.model(arch)
-    if cfg.train.augment != "none" and len(data.input_shape) != 3:
-        raise PflkitError(
-            f"train.augment {cfg.train.augment!r} needs images [C, H, W], but "
-            f"{cfg.data.dataset} has inputs of shape {list(data.input_shape)}: set train.augment: none"
-        )
-    n = data.num_clients
-    archs = [order[c % len(order)] if order else global_arch for c in range(n)]
-    facts = RunFacts(cfg.train, cfg.seed, cfg.eval.selected_clients, cfg.system)
-    server = ServerEnv(
-        num_clients=n,
-        archs=archs,
-        global_arch=global_arch,
-        num_samples=[len(c.train_y) for c in data.clients],
-        num_classes=data.num_classes,
-        models=pool,
-        run=facts,
-        public_x=data.public_x,
-    )
-    clients = [
-        ClientEnv(c, data.clients[c], data.num_classes, archs[c], pool, facts, data.public_x)
-        for c in range(n)
-    ]
-    return server, clients

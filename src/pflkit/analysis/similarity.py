@@ -36,12 +36,12 @@ import torch.nn.functional as F
 from pflkit.algorithms.base import train_from
 from pflkit.algorithms.blocks.bn import bn_modules
 from pflkit.algorithms.blocks.training import Weights, predict, set_weights
-from pflkit.algorithms.env import make_envs
 from pflkit.algorithms.fedap import bn_wasserstein, feature_stats
 from pflkit.algorithms.pfedsim import class_cosines, class_rows, classifier_similarity
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import build_federated
 from pflkit.engine.clients import seed_torch
+from pflkit.engine.envs import make_envs
 from pflkit.engine.folder import make_folder
 from pflkit.errors import PflkitError
 

@@ -45,9 +45,10 @@ import numpy as np
 import torch
 
 from pflkit.config import DataConfig, ExperimentConfig
+from pflkit.data.base import Source, _gray_to_tensor
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.data.partition import PARTITIONERS
-from pflkit.data.sources import Source, _gray_to_tensor, default_data_root, load_source
+from pflkit.data.sources import default_data_root, load_source
 from pflkit.errors import PflkitError
 
 __all__ = ["FLBENCH_DATASETS", "FORMATS", "export_partition"]

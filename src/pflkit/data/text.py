@@ -66,16 +66,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pflkit.data import download as dl
+from pflkit.data.base import Source, _corrupt, _missing, _opt_int, _opt_mirrors, _read_maybe_gz
 from pflkit.errors import PflkitError
-
-if TYPE_CHECKING:  # sources imports this module while building its registry
-    from pflkit.data.sources import Source
 
 __all__ = [
     "AG_NEWS_CLASSES",
@@ -178,25 +175,21 @@ _AG_FILES = ("train.csv", "test.csv")
 def _ag_news_bytes(home: Path, download: bool, mirrors: tuple[str, ...] | None) -> list[tuple]:
     """(bytes, path) of train.csv and test.csv: from ``home`` or ``home/ag_news_csv``, else
     from the release archive ``home/ag_news_csv.tar.gz``, else downloaded into ``home``."""
-    from pflkit.data import sources as S
-
     for directory in (home, home / "ag_news_csv"):
         if all((directory / f).is_file() for f in _AG_FILES):
-            return [(S._read_maybe_gz(directory / f), directory / f) for f in _AG_FILES]
+            return [(_read_maybe_gz(directory / f), directory / f) for f in _AG_FILES]
     archive = home / "ag_news_csv.tar.gz"
     if archive.is_file():
         return _ag_news_from_tar(archive)
     hint = " (or the release archive ag_news_csv.tar.gz)"
     if not download:
-        raise S._missing("AG News", home, list(_AG_FILES), hint)
+        raise _missing("AG News", home, list(_AG_FILES), hint)
     missing = [f for f in _AG_FILES if not (home / f).is_file()]
     dl.fetch_files("ag_news", missing, home, mirrors=mirrors, what="AG News", hint=hint)
-    return [(S._read_maybe_gz(home / f), home / f) for f in _AG_FILES]
+    return [(_read_maybe_gz(home / f), home / f) for f in _AG_FILES]
 
 
 def _ag_news_from_tar(archive: Path) -> list[tuple]:
-    from pflkit.data import sources as S
-
     found: dict[str, tuple] = {}
     try:
         with tarfile.open(archive, "r:*") as tar:
@@ -207,21 +200,19 @@ def _ag_news_from_tar(archive: Path) -> list[tuple]:
                     assert fobj is not None
                     found[base] = (fobj.read(), archive / member.name)
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        raise S._corrupt(archive, f"{type(e).__name__}: {e}") from None
+        raise _corrupt(archive, f"{type(e).__name__}: {e}") from None
     lacking = [f for f in _AG_FILES if f not in found]
     if lacking:
-        raise S._corrupt(archive, f"it lacks {', '.join(lacking)}")
+        raise _corrupt(archive, f"it lacks {', '.join(lacking)}")
     return [found[f] for f in _AG_FILES]
 
 
 def _read_ag_csv(data: bytes, path: Path) -> tuple[list[str], np.ndarray]:
     """Texts (title + " " + description) and labels 0..3 of one AG News CSV file."""
-    from pflkit.data import sources as S
-
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise S._corrupt(path, f"not UTF-8 text: {e}") from None
+        raise _corrupt(path, f"not UTF-8 text: {e}") from None
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     texts: list[str] = []
     labels: list[int] = []
@@ -231,7 +222,7 @@ def _read_ag_csv(data: bytes, path: Path) -> tuple[list[str], np.ndarray]:
                 continue  # a blank line
             cls = row[0].strip()
             if len(row) < 2 or cls not in ("1", "2", "3", "4"):
-                raise S._corrupt(
+                raise _corrupt(
                     path,
                     f"line {reader.line_num} is {row[:3]!r}, expected "
                     '"class index","title","description" with class index 1..4',
@@ -239,9 +230,9 @@ def _read_ag_csv(data: bytes, path: Path) -> tuple[list[str], np.ndarray]:
             labels.append(int(cls) - 1)
             texts.append(" ".join(row[1:]))
     except csv.Error as e:
-        raise S._corrupt(path, f"bad CSV near line {reader.line_num}: {e}") from None
+        raise _corrupt(path, f"bad CSV near line {reader.line_num}: {e}") from None
     if not texts:
-        raise S._corrupt(path, "it holds no rows")
+        raise _corrupt(path, "it holds no rows")
     return texts, np.asarray(labels, dtype=np.int64)
 
 
@@ -265,14 +256,12 @@ def _load_ag_news(
     mirrors: str | list[str] | None = None,
 ) -> Source:
     """AG News: token ids ``[N, max_len]`` as float32, train-only vocabulary (module doc)."""
-    from pflkit.data import sources as S
-
     ds = "ag_news"
-    max_len = S._opt_int(ds, "max_len", max_len, 1)
-    min_freq = S._opt_int(ds, "min_freq", min_freq, 1)
+    max_len = _opt_int(ds, "max_len", max_len, 1)
+    min_freq = _opt_int(ds, "min_freq", min_freq, 1)
     if max_vocab is not None:
-        max_vocab = S._opt_int(ds, "max_vocab", max_vocab, 3)
-    mirrors_t = S._opt_mirrors(ds, mirrors)
+        max_vocab = _opt_int(ds, "max_vocab", max_vocab, 3)
+    mirrors_t = _opt_mirrors(ds, mirrors)
     (train_raw, train_path), (test_raw, test_path) = _ag_news_bytes(root / ds, download, mirrors_t)
     train_texts, train_y = _read_ag_csv(train_raw, train_path)
     test_texts, test_y = _read_ag_csv(test_raw, test_path)
@@ -287,7 +276,7 @@ def _load_ag_news(
     train_x = _ids_tensor(train_tokens, vocab, max_len)
     del train_tokens
     test_x = _ids_tensor(tokenize_all(test_texts), vocab, max_len)
-    return S.Source(
+    return Source(
         ds,
         train_x,
         torch.from_numpy(train_y),
@@ -310,35 +299,29 @@ AMAZON_HOWTO = (
 
 
 def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
-    from pflkit.data import sources as S
-
     try:
         archive = np.load(path, allow_pickle=False)
     except PermissionError as e:
         raise PflkitError(f"cannot read file {path} ({e.strerror}); check the path") from None
     except (zipfile.BadZipFile, EOFError, zlib.error, ValueError, OSError) as e:
-        raise S._corrupt(path, f"not a readable .npz archive: {type(e).__name__}: {e}") from None
+        raise _corrupt(path, f"not a readable .npz archive: {type(e).__name__}: {e}") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise S._corrupt(path, "it is a single .npy array, not an .npz archive")
+        raise _corrupt(path, "it is a single .npy array, not an .npz archive")
     with archive:
         lacking = [k for k in AMAZON_KEYS if k not in archive.files]
         if lacking:
-            raise S._corrupt(
-                path, f"it lacks the keys {', '.join(lacking)}; expected {AMAZON_HOWTO}"
-            )
+            raise _corrupt(path, f"it lacks the keys {', '.join(lacking)}; expected {AMAZON_HOWTO}")
         try:
             return {k: np.asarray(archive[k]) for k in AMAZON_KEYS}
         except (zipfile.BadZipFile, EOFError, zlib.error, ValueError, OSError) as e:
-            raise S._corrupt(path, f"cannot read its arrays: {type(e).__name__}: {e}") from None
+            raise _corrupt(path, f"cannot read its arrays: {type(e).__name__}: {e}") from None
 
 
 def _as_int_vector(a: np.ndarray, name: str, path: Path) -> np.ndarray:
-    from pflkit.data import sources as S
-
     flat = a.ravel()
     if flat.size and not np.issubdtype(flat.dtype, np.integer):
         if not np.issubdtype(flat.dtype, np.floating) or not np.all(flat == np.round(flat)):
-            raise S._corrupt(path, f"'{name}' holds non-integer values ({flat.dtype})")
+            raise _corrupt(path, f"'{name}' holds non-integer values ({flat.dtype})")
     return flat.astype(np.int64)
 
 
@@ -347,10 +330,8 @@ def _load_amazon_review(root: Path, download: bool, *, num_features: int = 5000)
     grouped by domain (module doc)."""
     from scipy.sparse import coo_matrix
 
-    from pflkit.data import sources as S
-
     ds = "amazon_review"
-    num_features = S._opt_int(ds, "num_features", num_features, 1)
+    num_features = _opt_int(ds, "num_features", num_features, 1)
     home = root / ds
     path = home / "amazon.npz"
     if not path.is_file():
@@ -360,19 +341,19 @@ def _load_amazon_review(root: Path, download: bool, *, num_features: int = 5000)
     z = _npz_arrays(path)
     shape = _as_int_vector(z["xx_shape"], "xx_shape", path)
     if shape.size != 2 or shape.min() < 1:
-        raise S._corrupt(path, f"'xx_shape' is {shape.tolist()}, expected [features, samples]")
+        raise _corrupt(path, f"'xx_shape' is {shape.tolist()}, expected [features, samples]")
     n_feat, n = int(shape[0]), int(shape[1])  # stored transposed
     rows = _as_int_vector(z["xx_row"], "xx_row", path)  # feature index
     cols = _as_int_vector(z["xx_col"], "xx_col", path)  # sample index
     values = z["xx_data"].ravel()
     if not (len(values) == len(rows) == len(cols)):
-        raise S._corrupt(
+        raise _corrupt(
             path,
             f"'xx_data', 'xx_row', 'xx_col' have {len(values)}, {len(rows)}, {len(cols)} "
             "entries, expected the same number",
         )
     if len(rows) and (rows.min() < 0 or rows.max() >= n_feat or cols.min() < 0 or cols.max() >= n):
-        raise S._corrupt(path, f"sparse indices fall outside xx_shape {[n_feat, n]}")
+        raise _corrupt(path, f"sparse indices fall outside xx_shape {[n_feat, n]}")
     if num_features > n_feat:
         raise PflkitError(
             f"option 'num_features' of dataset '{ds}' is {num_features} but {path} has only "
@@ -380,11 +361,11 @@ def _load_amazon_review(root: Path, download: bool, *, num_features: int = 5000)
         )
     yy = z["yy"].ravel()
     if len(yy) != n or not np.isin(yy, (-1, 1)).all():
-        raise S._corrupt(path, f"'yy' must hold {n} labels in {{-1, 1}}, got {len(yy)} values")
+        raise _corrupt(path, f"'yy' must hold {n} labels in {{-1, 1}}, got {len(yy)} values")
     offset = _as_int_vector(z["offset"], "offset", path)
     ok = len(offset) >= 5 and offset[0] == 0 and offset[4] == n
     if not ok or np.any(np.diff(offset[:5]) < 0):
-        raise S._corrupt(
+        raise _corrupt(
             path,
             f"'offset' is {offset[:6].tolist()}, expected the 4 domain starts then {n}, "
             "non-decreasing from 0",
@@ -394,7 +375,7 @@ def _load_amazon_review(root: Path, download: bool, *, num_features: int = 5000)
     x = matrix.astype(np.float32).toarray()
     y = ((yy.astype(np.int64) + 1) // 2).astype(np.int64)
     groups = np.repeat(np.arange(4, dtype=np.int64), np.diff(offset[:5]))
-    return S.Source(
+    return Source(
         ds,
         torch.from_numpy(x),
         torch.from_numpy(y),

@@ -79,28 +79,24 @@ import zipfile
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from pflkit.data import download as dl
+from pflkit.data.base import (
+    Source,
+    _corrupt,
+    _decode_images,
+    _missing,
+    _opt_bool,
+    _opt_mirrors,
+    _rgb_to_tensor,
+)
 from pflkit.errors import PflkitError
 
-if TYPE_CHECKING:
-    from types import ModuleType
-
-    from pflkit.data.sources import Source
-
 __all__ = ["HAR_CLASSES", "HAR_SIGNALS", "TINY_MEAN", "TINY_STD"]
-
-
-def _s() -> ModuleType:
-    """:mod:`pflkit.data.sources`, imported when first needed: sources.py imports this module
-    for its registry, so a top-level import would be circular."""
-    from pflkit.data import sources
-
-    return sources
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,7 +126,7 @@ def _extract(
                     if not skip(info.filename):
                         z.extract(info, tmp)  # zipfile drops absolute paths and '..' parts
         except (zipfile.BadZipFile, EOFError, zlib.error) as e:
-            raise _s()._corrupt(archive, f"{type(e).__name__}: {e}") from None
+            raise _corrupt(archive, f"{type(e).__name__}: {e}") from None
         except OSError as e:
             raise PflkitError(
                 f"cannot extract {archive} into {home} ({e}); check free disk space and "
@@ -139,7 +135,7 @@ def _extract(
         dirs = [tmp, *sorted(p for p in tmp.iterdir() if p.is_dir())]
         found = next((d for d in dirs if (d / marker).exists()), None)
         if found is None:
-            raise _s()._corrupt(archive, f"it has no {marker}")
+            raise _corrupt(archive, f"it has no {marker}")
         try:
             os.replace(found, target)
         except OSError as e:
@@ -192,7 +188,7 @@ def _read_text(path: Path, what: str) -> str:
             f"layout: {_REEXTRACT}"
         ) from None
     except UnicodeDecodeError as e:
-        raise _s()._corrupt(path, f"not a text file: {e}") from None
+        raise _corrupt(path, f"not a text file: {e}") from None
     except OSError as e:
         raise PflkitError(f"cannot read file {path} ({e.strerror}); check the path") from None
 
@@ -201,12 +197,12 @@ def _read_wnids(base: Path) -> list[str]:
     path = base / "wnids.txt"
     wnids = _read_text(path, "Tiny-ImageNet").split()
     if not wnids:
-        raise _s()._corrupt(path, "it lists no class")
+        raise _corrupt(path, "it lists no class")
     if len(set(wnids)) != len(wnids):
         dup = next(w for w in wnids if wnids.count(w) > 1)
-        raise _s()._corrupt(path, f"class {dup!r} is listed twice")
+        raise _corrupt(path, f"class {dup!r} is listed twice")
     if len(wnids) < 2:
-        raise _s()._corrupt(path, "it lists a single class")
+        raise _corrupt(path, "it lists a single class")
     return sorted(wnids)
 
 
@@ -240,17 +236,17 @@ def _tiny_val_files(base: Path, index: dict[str, int]) -> tuple[list[Path], np.n
             continue
         fields = line.split("\t") if "\t" in line else line.split()
         if len(fields) < 2:
-            raise _s()._corrupt(path, f"line {lineno + 1} is not '<file> <wnid> ...'")
+            raise _corrupt(path, f"line {lineno + 1} is not '<file> <wnid> ...'")
         name, wnid = fields[0].strip(), fields[1].strip()
         if wnid not in index:
-            raise _s()._corrupt(path, f"line {lineno + 1} names class {wnid!r}, not in wnids.txt")
+            raise _corrupt(path, f"line {lineno + 1} names class {wnid!r}, not in wnids.txt")
         if name in seen or "/" in name or "\\" in name:
-            raise _s()._corrupt(path, f"line {lineno + 1} names image {name!r} again or a path")
+            raise _corrupt(path, f"line {lineno + 1} names image {name!r} again or a path")
         seen.add(name)
         files.append(base / "val" / "images" / name)
         labels.append(index[wnid])
     if not files:
-        raise _s()._corrupt(path, "it labels no image")
+        raise _corrupt(path, "it labels no image")
     return files, np.asarray(labels, dtype=np.int64)
 
 
@@ -272,9 +268,7 @@ def _jpeg_reader() -> Callable[[Path], np.ndarray]:
 
 def _decode_jpegs(files: Sequence[Path]) -> np.ndarray:
     """uint8 [N, 3, 64, 64] from the JPEG files."""
-    return _s()._decode_images(
-        files, _jpeg_reader(), TINY_SIDE, "JPEG", "Tiny-ImageNet", _REEXTRACT
-    )
+    return _decode_images(files, _jpeg_reader(), TINY_SIDE, "JPEG", "Tiny-ImageNet", _REEXTRACT)
 
 
 def _cache_key(base: Path, files: Sequence[Path], labels: np.ndarray) -> str:
@@ -337,9 +331,8 @@ def _tiny_pixels(
 def _load_tiny_imagenet(
     root: Path, download: bool, *, mirrors: str | list[str] | None = None, cache: bool = True
 ) -> Source:
-    S = _s()
-    mirrors_t = S._opt_mirrors(TINY, mirrors)
-    use_cache = S._opt_bool(TINY, "cache", cache)
+    mirrors_t = _opt_mirrors(TINY, mirrors)
+    use_cache = _opt_bool(TINY, "cache", cache)
     home = root / TINY
     base = _tiny_base(home)
     if base is None:
@@ -347,7 +340,7 @@ def _load_tiny_imagenet(
         downloaded = False
         if not archive.is_file():
             if not download:
-                raise S._missing(
+                raise _missing(
                     "Tiny-ImageNet",
                     home,
                     [f"{TINY_FOLDER}/ (wnids.txt, train/, val/)"],
@@ -366,11 +359,11 @@ def _load_tiny_imagenet(
     te_cache = home / "cache" / "val.npz" if use_cache else None
     tr_x = _tiny_pixels(base, tr_files, tr_y, tr_cache)
     te_x = _tiny_pixels(base, te_files, te_y, te_cache)
-    return S.Source(
+    return Source(
         TINY,
-        S._rgb_to_tensor(tr_x, TINY_MEAN, TINY_STD),
+        _rgb_to_tensor(tr_x, TINY_MEAN, TINY_STD),
         torch.from_numpy(tr_y),
-        S._rgb_to_tensor(te_x, TINY_MEAN, TINY_STD),
+        _rgb_to_tensor(te_x, TINY_MEAN, TINY_STD),
         torch.from_numpy(te_y),
         len(wnids),
         class_names=list(wnids),
@@ -443,9 +436,9 @@ def _loadtxt(path: Path, dtype: Any, ndmin: int) -> np.ndarray:
     try:
         return np.loadtxt(path, dtype=dtype, ndmin=ndmin)
     except ValueError as e:
-        raise _s()._corrupt(path, str(e).split(";")[0]) from None
+        raise _corrupt(path, str(e).split(";")[0]) from None
     except UnicodeDecodeError as e:
-        raise _s()._corrupt(path, f"not a text file: {e}") from None
+        raise _corrupt(path, f"not a text file: {e}") from None
     except OSError as e:
         raise PflkitError(f"cannot read file {path} ({e}); check the path") from None
 
@@ -454,11 +447,11 @@ def _read_windows(path: Path) -> np.ndarray:
     """float32 [N, 128]: one whitespace-separated window per line."""
     a = _loadtxt(path, np.float32, 2)
     if a.shape[0] == 0:
-        raise _s()._corrupt(path, "it holds no window")
+        raise _corrupt(path, "it holds no window")
     if a.shape[1] != HAR_WINDOW:
-        raise _s()._corrupt(path, f"its lines hold {a.shape[1]} values, expected {HAR_WINDOW}")
+        raise _corrupt(path, f"its lines hold {a.shape[1]} values, expected {HAR_WINDOW}")
     if not np.isfinite(a).all():
-        raise _s()._corrupt(path, "it holds non-finite values")
+        raise _corrupt(path, "it holds non-finite values")
     return a
 
 
@@ -466,12 +459,12 @@ def _read_ints(path: Path, n: int, low: int, high: int | None, ref: str) -> np.n
     """int64 [n]: one integer per line, each in low..high."""
     a = _loadtxt(path, np.int64, 1)
     if a.ndim != 1:
-        raise _s()._corrupt(path, "expected one integer per line")
+        raise _corrupt(path, "expected one integer per line")
     if len(a) != n:
-        raise _s()._corrupt(path, f"it has {len(a)} lines but {ref} has {n} windows")
+        raise _corrupt(path, f"it has {len(a)} lines but {ref} has {n} windows")
     if n and (a.min() < low or (high is not None and a.max() > high)):
         want = f"{low}..{high}" if high is not None else f">= {low}"
-        raise _s()._corrupt(path, f"values range {a.min()}..{a.max()}, expected {want}")
+        raise _corrupt(path, f"values range {a.min()}..{a.max()}, expected {want}")
     return a
 
 
@@ -482,7 +475,7 @@ def _har_split(base: Path, split: str, layout: str) -> tuple[np.ndarray, np.ndar
     n = len(signals[0])
     for p, s in zip(paths[1:9], signals[1:], strict=True):
         if len(s) != n:
-            raise _s()._corrupt(p, f"it has {len(s)} windows but {paths[0].name} has {n}")
+            raise _corrupt(p, f"it has {len(s)} windows but {paths[0].name} has {n}")
     y = _read_ints(paths[9], n, 1, len(HAR_CLASSES), paths[0].name) - 1
     subjects = _read_ints(paths[10], n, 1, None, paths[0].name)
     stacked = np.stack(signals, axis=1)  # [N, 9, 128]: x[n, c, t] = signal c at time t
@@ -501,13 +494,12 @@ def _load_har(
     official_test: bool = False,
     mirrors: str | list[str] | None = None,
 ) -> Source:
-    S = _s()
     if layout not in HAR_LAYOUTS:
         raise PflkitError(
             f"option 'layout' of dataset 'har' must be 'channels' or 'pfllib', got {layout!r}"
         )
-    official_test = S._opt_bool(HAR, "official_test", official_test)
-    mirrors_t = S._opt_mirrors(HAR, mirrors)
+    official_test = _opt_bool(HAR, "official_test", official_test)
+    mirrors_t = _opt_mirrors(HAR, mirrors)
     home = root / HAR
     base = _har_base(home)
     if base is None:
@@ -516,7 +508,7 @@ def _load_har(
         downloaded = False
         if not archive.is_file():
             if not download:
-                raise S._missing(
+                raise _missing(
                     "UCI HAR", home, [f"{HAR_FOLDER}/ (train/, test/)"], f" (or {HAR_ZIP})"
                 )
             dl.fetch_files(HAR, [HAR_ZIP_URL_NAME], home, mirrors=mirrors_t, what="UCI HAR")
@@ -537,7 +529,7 @@ def _load_har(
         test_x = test_y = None
     ids = np.unique(subjects)
     groups = np.searchsorted(ids, subjects).astype(np.int64)
-    return S.Source(
+    return Source(
         HAR,
         torch.from_numpy(x),
         torch.from_numpy(y),

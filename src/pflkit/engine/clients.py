@@ -34,13 +34,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflkit.algorithms import Algorithm, build_algorithm, make_envs
+from pflkit.algorithms import Algorithm, build_algorithm
 from pflkit.algorithms.base import Payload, State, Update, Upload
 from pflkit.algorithms.blocks.training import local_optim
 from pflkit.algorithms.env import ClientEnv
-from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device, validate
+from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
+from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
+from pflkit.experiment import validate
 
 if TYPE_CHECKING:
     from pflkit.data.federated import FederatedDataset

@@ -41,11 +41,12 @@ from typing import Any
 import yaml
 
 from pflkit.algorithms.base import resolve_params
-from pflkit.config import ExperimentConfig, apply_overrides, validate
+from pflkit.config import ExperimentConfig, apply_overrides
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.folder import make_folder, write_atomic
 from pflkit.engine.runner import StopSignals, run_experiment
 from pflkit.errors import PflkitError, RunInterrupted
+from pflkit.experiment import validate
 from pflkit.report.results import PLAN, build_report, find_settings
 
 MANIFEST = "compare.yaml"

@@ -26,14 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pflkit.config import (
-    ExperimentConfig,
-    TrainConfig,
-    apply_overrides,
-    read_yaml,
-    resolve_device,
-    validate,
-)
+from pflkit.config import ExperimentConfig, TrainConfig, apply_overrides, read_yaml, resolve_device
 from pflkit.data.federated import FederatedDataset
 from pflkit.engine.clients import ClientRunner
 from pflkit.engine.folder import (
@@ -47,6 +40,7 @@ from pflkit.engine.folder import (
 )
 from pflkit.engine.simulation import Simulation
 from pflkit.errors import PflkitError, RunInterrupted
+from pflkit.experiment import validate
 from pflkit.report.provenance import record as record_provenance
 from pflkit.report.summary import summarize
 from pflkit.report.trackers import Reporter, check_trackers

@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from pflkit.algorithms import build_algorithm, make_envs
+from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.base import State, Upload, nbytes, parse_params
 from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import ClientRunner, init_client, make_runner, seed_torch, system_draw
+from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
 

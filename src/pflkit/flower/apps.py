@@ -22,9 +22,9 @@ import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from pflkit.config import validate
 from pflkit.engine.runner import run_experiment
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from pflkit.flower.client import app as clientapp
 from pflkit.flower.server import FlowerRunner
 

@@ -26,11 +26,12 @@ import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from pflkit.algorithms import build_algorithm, make_envs
-from pflkit.config import validate
+from pflkit.algorithms import build_algorithm
 from pflkit.data.federated import build_federated
 from pflkit.engine.clients import evaluate_client, init_client, train_client
+from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from pflkit.flower import codec
 
 INFO = "pflkit"  # the ConfigRecord with config text, client id, round, phase
