@@ -127,7 +127,7 @@ def test_a_case_with_other_settings_reaches_the_pflkit_config(xc, tmp_path, monk
         (tmp_path / "feddyn-pflkit").mkdir()
         xc.run_pflkit(xc.CASES["feddyn"], cfg, tmp_path, 2)
     got = yaml.safe_load((tmp_path / "feddyn-pflkit.yaml").read_text())
-    assert got["train"] == {"lr": 0.01, "rounds": 2, "grad_clip": 10.0}
+    assert got["train"] == {"lr": 0.01, "rounds": 2, "grad_clip": 10.0, "max_loss": None}
     assert got["algorithm"] == xc.CASES["feddyn"].pflkit
     assert got["algorithm"]["clip_on"] == "total"  # FL-bench clips after FedDyn's terms
     assert got["compare"]["algorithms"] == [got["algorithm"]] and got["compare"]["seeds"] == [0, 1]
