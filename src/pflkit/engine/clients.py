@@ -35,9 +35,8 @@ import torch
 from torch import nn
 
 from pflkit.algorithms import Algorithm, build_algorithm, make_envs
-from pflkit.algorithms.base import Payload, State, Update, Upload
-from pflkit.algorithms.blocks.training import local_optim
-from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
+from pflkit.algorithms.env import ClientEnv, RunFacts
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device, validate
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
@@ -84,37 +83,47 @@ def init_client(algo: Algorithm, env: ClientEnv, seed: int) -> State:
     return algo.client_init(env)
 
 
-def round_optim(env: ClientEnv, rnd: int):
-    """The local optimiser, learning-rate factor and batching of round ``rnd``
-    (``train.optimizer``, ``train.lr_schedule``, ``train.drop_last``) for every local_sgd call
-    inside the block."""
-    t = env.run.train
-    return local_optim(t.optimizer, lr_factor(t, rnd), t.drop_last)
+EVALUATE = "evaluate"  # the phase name of evaluation contexts
+
+
+def round_context(run: RunFacts, rnd: int, phase: str, straggler: bool = False) -> RoundContext:
+    """The :class:`~pflkit.algorithms.RoundContext` of a client's work in phase ``phase`` of
+    round ``rnd`` (:data:`EVALUATE` for evaluation): the run's seed, the round's local
+    optimiser, learning-rate factor and batching (``train.optimizer``, ``train.lr_schedule``,
+    ``train.drop_last``) and, for a straggler of the round (:func:`system_draw`), its work
+    share ``system.straggler_work``."""
+    t = run.train
+    return RoundContext(
+        round=rnd,
+        phase=phase,
+        seed=run.seed,
+        lr_factor=lr_factor(t, rnd),
+        optimizer=t.optimizer,
+        drop_last=t.drop_last,
+        work=run.system.straggler_work if straggler else 1.0,
+    )
+
+
+def straggler_context(env: ClientEnv, rnd: int, phase: str) -> RoundContext:
+    """:func:`round_context` of client ``env.cid``'s training, a straggler or not."""
+    run = env.run
+    return round_context(run, rnd, phase, system_draw(run.system, run.seed, rnd, env.cid)[1])
 
 
 def train_client(
     algo: Algorithm,
     env: ClientEnv,
-    seed: int,
-    rnd: int,
-    p: int,
-    phase: str,
     payload: Payload,
     state: State,
+    ctx: RoundContext,
+    phase_index: int,
 ) -> Update | None:
-    """``client_update`` with torch seeded from (seed, round, phase index, client). A training
-    metric or uploaded tensor that is not finite stops the run with one sentence (the usual
-    cause: the lr), or with ``train.on_nan: skip_client`` returns None: the client is left
-    out of the round and keeps its previous state. A straggler of the round
-    (:func:`system_draw`) trains with ``env.work = system.straggler_work``."""
-    seed_torch(seed, rnd, p, env.cid)
-    system = env.run.system
-    env.work = system.straggler_work if system_draw(system, seed, rnd, env.cid)[1] else 1.0
-    try:
-        with round_optim(env, rnd):
-            update = algo.client_update(env, payload, state, rnd, phase)
-    finally:
-        env.work = 1.0
+    """``client_update`` in round context ``ctx`` with torch seeded from (seed, round, phase
+    index, client). A training metric or uploaded tensor that is not finite stops the run with
+    one sentence (the usual cause: the lr), or with ``train.on_nan: skip_client`` returns None:
+    the client is left out of the round and keeps its previous state."""
+    seed_torch(ctx.seed, ctx.round, phase_index, env.cid)
+    update = algo.client_update(env, payload, state, ctx)
     bad = [f"{k} is {v}" for k, v in update.metrics.items() if not math.isfinite(v)]
     if not bad and not _finite(update.upload):
         bad = ["upload holds inf or nan values"]
@@ -123,7 +132,7 @@ def train_client(
     if env.run.train.on_nan == "skip_client":
         return None
     raise PflkitError(
-        f"client {env.cid}'s {bad[0]} in round {rnd}: local training diverged; lower "
+        f"client {env.cid}'s {bad[0]} in round {ctx.round}: local training diverged; lower "
         "train.lr, or set train.grad_clip (e.g. 100), or train.on_nan: skip_client"
     )
 
@@ -144,10 +153,9 @@ def _finite(obj: Any) -> bool:
 def evaluate_client(
     algo: Algorithm,
     env: ClientEnv,
-    seed: int,
-    rnd: int,
     view: Payload,
     state: State,
+    ctx: RoundContext,
     batch_size: int,
     upload: Upload | None = None,
     finetune_epochs: int = 0,
@@ -161,21 +169,21 @@ def evaluate_client(
     ``finetune_epochs`` (``eval.finetune_epochs``) > 0 both are scored on a copy of that model
     fine-tuned on the client's training split (:func:`finetune_for_eval`)."""
     selected = upload is not None
-    seed_eval(seed, rnd, env.cid, selected)
-    with round_optim(env, rnd):  # personal_weights may train (FedAvg-FT's fine-tuning)
-        if upload is not None:
-            weights = algo.trained_weights(env, view, upload, state)
-        else:
-            weights = algo.personal_weights(env, view, state)
-        if weights is None:
-            if "weights" not in view:
-                raise RuntimeError(
-                    f"{algo.name}: personal_weights returned None but there is no global model"
-                )
-            weights = view["weights"]
+    seed_eval(ctx.seed, ctx.round, env.cid, selected)
+    # ctx: personal_weights may train (FedAvg-FT's fine-tuning)
+    if upload is not None:
+        weights = algo.trained_weights(env, view, upload, state, ctx)
+    else:
+        weights = algo.personal_weights(env, view, state, ctx)
+    if weights is None:
+        if "weights" not in view:
+            raise RuntimeError(
+                f"{algo.name}: personal_weights returned None but there is no global model"
+            )
+        weights = view["weights"]
     model, d = algo.scoring_model(env, weights), env.data
     if finetune_epochs:
-        model = finetune_for_eval(model, env, seed, rnd, finetune_epochs, selected)
+        model = finetune_for_eval(model, env, ctx, finetune_epochs, selected)
     acc = {"test": accuracy(model, d.test_x, d.test_y, batch_size)}
     if d.val_y is not None:
         acc["val"] = accuracy(model, d.val_x, d.val_y, batch_size)
@@ -183,18 +191,18 @@ def evaluate_client(
 
 
 def finetune_for_eval(
-    model: nn.Module, env: ClientEnv, seed: int, rnd: int, epochs: int, selected: bool = False
+    model: nn.Module, env: ClientEnv, ctx: RoundContext, epochs: int, selected: bool = False
 ) -> nn.Module:
     """A copy of the scoring ``model`` fine-tuned for ``epochs`` epochs on the client's
     training split (:func:`~pflkit.eval.evaluate.finetuned`) with the round's optimiser, lr
-    factor and drop_last (:func:`round_optim`), its batches drawn from a stream of its own,
-    seeded by (seed, round, client), inside ``fork_rng``: torch's global RNG state is the same
+    factor and drop_last (``ctx.optim``), its batches drawn from a stream of its own, seeded by
+    (seed, round, client), inside ``fork_rng``: torch's global RNG state is the same
     afterwards, and the client's state and the server model never see the copy."""
     devices = [env.device] if env.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), round_optim(env, rnd):
-        seed_torch(seed, rnd, 0xF5 if selected else 0xF7, env.cid)
+    with torch.random.fork_rng(devices=devices):
+        seed_torch(ctx.seed, ctx.round, 0xF5 if selected else 0xF7, env.cid)
         d = env.data
-        return finetuned(model, d.train_x, d.train_y, env.run.train, epochs)
+        return finetuned(model, d.train_x, d.train_y, env.run.train, epochs, ctx.optim)
 
 
 # -- runners --------------------------------------------------------------------------------------------
@@ -258,9 +266,8 @@ class InProcess(ClientRunner):
 
         def one(cid: int, payload: Payload):
             state = sim.client_state(cid)
-            return train_client(
-                sim.algo, sim.envs[cid], sim.cfg.seed, rnd, p, phase, payload, state
-            )
+            ctx = straggler_context(sim.envs[cid], rnd, phase)
+            return train_client(sim.algo, sim.envs[cid], payload, state, ctx, p)
 
         return self._store((cid, one(cid, payload)) for cid, payload in payloads.items())
 
@@ -272,10 +279,9 @@ class InProcess(ClientRunner):
             cid: evaluate_client(
                 sim.algo,
                 sim.envs[cid],
-                sim.cfg.seed,
-                rnd,
                 view,
                 sim.client_state(cid),
+                round_context(sim.senv.run, rnd, EVALUATE),
                 sim.cfg.eval.batch_size,
                 upload=None if uploads is None else uploads[cid],
                 finetune_epochs=sim.cfg.eval.finetune_epochs,
@@ -337,13 +343,16 @@ def _worker_job(blob: bytes) -> bytes:
     cfg, algo, env = _WORKER["cfg"], _WORKER["algo"], _WORKER["envs"][cid]
     try:
         if kind == "train":
-            update = train_client(algo, env, cfg.seed, *args)
+            rnd, p, phase, payload, state = args
+            ctx = straggler_context(env, rnd, phase)
+            update = train_client(algo, env, payload, state, ctx, p)
             result: Any = None if update is None else tuple(update)
         else:
             rnd, view, state, upload = args
             e = cfg.eval
+            ctx = round_context(env.run, rnd, EVALUATE)
             result = evaluate_client(
-                algo, env, cfg.seed, rnd, view, state, e.batch_size, upload, e.finetune_epochs
+                algo, env, view, state, ctx, e.batch_size, upload, e.finetune_epochs
             )
         return pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
     except PflkitError as err:

@@ -206,7 +206,7 @@ class Simulation:
         both also on validation data (the ``val_*`` fields)."""
         cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
         row: dict[str, Any] = {}
-        gw = algo.global_weights(senv, self.server)
+        gw = algo.global_weights(senv, self.server, rnd)
 
         def score_global() -> None:
             if cfg.eval.global_model and gw is not None:
@@ -216,7 +216,7 @@ class Simulation:
                     row.update(global_val_metrics(model, gw, *self.val_xy, cfg.eval.batch_size))
 
         n = data.num_clients
-        views = {cid: algo.eval_view(senv, self.server, cid) for cid in range(n)}
+        views = {cid: algo.eval_view(senv, self.server, cid, rnd) for cid in range(n)}
         acc = self.runner.evaluate(rnd, views, meanwhile=score_global)
         counts = np.array([len(c.test_y) for c in data.clients], dtype=float)
         row.update(personal_metrics({cid: a["test"] for cid, a in acc.items()}, n, counts))

@@ -29,7 +29,14 @@ from flwr.clientapp import ClientApp
 from pflkit.algorithms import build_algorithm, make_envs
 from pflkit.config import validate
 from pflkit.data.federated import build_federated
-from pflkit.engine.clients import evaluate_client, init_client, train_client
+from pflkit.engine.clients import (
+    EVALUATE,
+    evaluate_client,
+    init_client,
+    round_context,
+    straggler_context,
+    train_client,
+)
 from pflkit.errors import PflkitError
 from pflkit.flower import codec
 
@@ -115,7 +122,8 @@ def train(msg: Message, context: Context) -> Message:
     state = w.state(context.state, cid)
     payload = codec.get(msg.content, "payload", device=w.envs[cid].device)
     phase = str(info["phase"])
-    update = train_client(w.algo, w.envs[cid], w.cfg.seed, rnd, p, phase, payload, state)
+    ctx = straggler_context(w.envs[cid], rnd, phase)
+    update = train_client(w.algo, w.envs[cid], payload, state, ctx, p)
     if update is None:  # train.on_nan: skip_client; the server records a failed client
         raise PflkitError(f"client {cid} diverged in round {rnd}: left out (train.on_nan)")
     upload, state, metrics = update
@@ -138,8 +146,9 @@ def evaluate(msg: Message, context: Context) -> Message:
         codec.get(context.state, f"upload.{cid}", device=w.envs[cid].device) if selected else None
     )
     e = w.cfg.eval
+    ctx = round_context(w.envs[cid].run, rnd, EVALUATE)
     acc = evaluate_client(
-        w.algo, w.envs[cid], w.cfg.seed, rnd, view, state, e.batch_size, upload, e.finetune_epochs
+        w.algo, w.envs[cid], view, state, ctx, e.batch_size, upload, e.finetune_epochs
     )
     return _reply(msg, accuracy=acc)  # {"test": ..., "val": ...}: split -> accuracy
 
