@@ -89,8 +89,8 @@ BREAKS = [
         "map",
         "protocol scores every client",
         "engine/simulation.py",
-        "self.runner.evaluate(rnd, {cid: views[cid] for cid in uploads}, uploads)",
-        "self.runner.evaluate(rnd, views, uploads)",
+        "selected = [job(cid, upload) for cid, upload in uploads.items()]",
+        "selected = [job(cid, uploads.get(cid)) for cid in range(n)]",
         MAP,
     ),
     Break(

@@ -34,7 +34,7 @@ from pflkit.engine.clients import (
     evaluate_client,
     init_client,
     round_context,
-    straggler_context,
+    system_draw,
     train_client,
 )
 from pflkit.errors import PflkitError
@@ -122,7 +122,9 @@ def train(msg: Message, context: Context) -> Message:
     state = w.state(context.state, cid)
     payload = codec.get(msg.content, "payload", device=w.envs[cid].device)
     phase = str(info["phase"])
-    ctx = straggler_context(w.envs[cid], rnd, phase)
+    run = w.envs[cid].run  # a straggler of the round, drawn as the server draws it
+    straggler = system_draw(run.system, run.seed, rnd, cid)[1]
+    ctx = round_context(run, rnd, phase, straggler)
     update = train_client(w.algo, w.envs[cid], payload, state, ctx, p)
     if update is None:  # train.on_nan: skip_client; the server records a failed client
         raise PflkitError(f"client {cid} diverged in round {rnd}: left out (train.on_nan)")
