@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from conftest import tiny_config
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedap import bn_wasserstein, feature_stats, fedap_weights
 from pflkit.algorithms.feddyn import feddyn_server_update
 from pflkit.algorithms.fedfomo import fomo_combine, fomo_weights
@@ -56,8 +57,8 @@ def test_fedbn_never_sends_bn_layers_and_keeps_them_per_client():
         sim.clients[a]["bn"]["body.bn1.running_mean"], sim.clients[b]["bn"]["body.bn1.running_mean"]
     )
     # the personalized model is the shared part plus the client's own BN layers
-    view = sim.algo.eval_view(sim.senv, sim.server, a)
-    pw = sim.algo.personal_weights(sim.envs[a], view, sim.clients[a])
+    view = sim.algo.eval_view(sim.senv, sim.server, a, 1)
+    pw = sim.algo.personal_weights(sim.envs[a], view, sim.clients[a], RoundContext(1))
     assert torch.equal(pw["body.bn2.running_var"], sim.clients[a]["bn"]["body.bn2.running_var"])
     assert torch.equal(pw["body.conv1.weight"], sim.server["weights"]["body.conv1.weight"])
 
@@ -82,7 +83,7 @@ def test_feddyn_client_gradient_state_update(tiny):
     sim = Simulation(tiny(algorithm={"name": "feddyn", "alpha": 0.5}))
     env = sim.envs[0]
     theta = sim.server["weights"]
-    up = sim.algo.client_update(env, {"weights": theta}, {}, 1, "train")
+    up = sim.algo.client_update(env, {"weights": theta}, {}, RoundContext(1))
     # g_k = 0 - alpha (theta_k - theta)
     for k, g in up.state["grad"].items():
         assert torch.allclose(g, -0.5 * (up.upload["weights"][k] - theta[k]))
@@ -113,7 +114,7 @@ def test_feddyn_local_objective_gradient_by_hand(tiny):
         )
     )
     # one full-batch step from the downloaded model (the quadratic term is 0 there)
-    up = algo.client_update(env, {"weights": start}, {"grad": grad_state}, 2, "train")
+    up = algo.client_update(env, {"weights": start}, {"grad": grad_state}, RoundContext(2))
     lr = env.run.train.lr
     for k in g_ce:
         want = start[k] - lr * (g_ce[k] - grad_state[k])
@@ -149,8 +150,8 @@ def test_fedfomo_client_weights_from_validation_losses(tiny):
     rec = {}
     real = sim.algo.client_update
 
-    def spy(env, payload, state, rnd, phase):
-        out = real(env, payload, state, rnd, phase)
+    def spy(env, payload, state, ctx):
+        out = real(env, payload, state, ctx)
         rec[env.cid] = (payload, state, out)
         return out
 
@@ -314,15 +315,18 @@ def close(a: dict, b: dict, atol: float = 1e-6) -> bool:
 def test_fedbn_client_trains_with_its_own_bn_and_uploads_the_rest(bn_model):
     algo, senv, envs = federation({"name": "fedbn"}, [(X, Y)] * 2, 2, model="bn_mlp")
     shared = hand_weights(0)
-    out = algo.client_update(envs[0], {"weights": shared}, {"bn": OWN_BN}, 1, "train")
+    out = algo.client_update(envs[0], {"weights": shared}, {"bn": OWN_BN}, RoundContext(1))
     want = bn_sgd_step({**shared, **OWN_BN}, X, Y)
     assert close(out.upload["weights"], {k: want[k] for k in REST})  # non-BN only, trained
     assert out.upload["num_samples"] == 4
     assert close(out.state["bn"], {k: want[k] for k in BN_ALL})  # its own BN, trained
     # the personalized model: the global non-BN weights with the client's own BN layers
-    view = algo.eval_view(senv, {"weights": shared}, 0)
-    assert close(algo.personal_weights(envs[0], view, out.state), {**shared, **out.state["bn"]})
-    assert algo.global_weights(senv, {"weights": shared}) is None  # no global model with BN
+    view = algo.eval_view(senv, {"weights": shared}, 0, 1)
+    assert close(
+        algo.personal_weights(envs[0], view, out.state, RoundContext(1)),
+        {**shared, **out.state["bn"]},
+    )
+    assert algo.global_weights(senv, {"weights": shared}, 1) is None  # no global model with BN
 
 
 def test_fedbn_server_averages_the_non_bn_weights_by_sample_count(bn_model):
@@ -340,7 +344,7 @@ def test_fedap_client_uploads_the_mean_and_variance_of_its_bn_inputs(bn_model):
     algo, senv, envs = federation({"name": "fedap"}, [(X, Y)] * 2, 2, model="bn_mlp")
     shared = hand_weights(3)
     payload = {"weights": shared, "need_stats": True}
-    out = algo.client_update(envs[0], payload, {"bn": OWN_BN}, 3, "train")
+    out = algo.client_update(envs[0], payload, {"bn": OWN_BN}, RoundContext(3))
     h = (X @ shared["body.1.weight"].T + shared["body.1.bias"]).double()  # the BN layer's input
     stats = out.upload["stats"]
     assert len(stats["mean"]) == len(stats["var"]) == 1
@@ -384,10 +388,10 @@ def test_fedap_personalized_aggregation_by_hand(bn_model):
         torch.equal(v, server["weights"][k]) for k, v in payload3["weights"].items()
     )
     # the model scored: the client's stored (last trained) non-BN part with its own BN layers
-    view = algo.eval_view(senv, server, 1)
-    scored = algo.personal_weights(envs[1], view, {"bn": OWN_BN})
+    view = algo.eval_view(senv, server, 1, 1)
+    scored = algo.personal_weights(envs[1], view, {"bn": OWN_BN}, RoundContext(1))
     assert close(scored, {**server["personal"][1], **OWN_BN})
-    assert algo.global_weights(senv, server) is None
+    assert algo.global_weights(senv, server, 1) is None
 
 
 # -- FedDyn -----------------------------------------------------------------------------------------
@@ -405,8 +409,10 @@ def test_feddyn_aggregate_by_hand():
     # theta = mean(2, 4) - h / alpha = 3 - 4.2 = -1.2 (the plain mean over the round's clients)
     assert close(new["h"], fill(0.42))
     assert close(new["weights"], fill(-1.2), atol=1e-5)
-    assert algo.global_weights(senv, new) is new["weights"]  # the server model is scored
-    assert algo.personal_weights(None, algo.eval_view(senv, new, 0), {}) is None  # by everyone
+    assert algo.global_weights(senv, new, 1) is new["weights"]  # the server model is scored
+    assert (
+        algo.personal_weights(None, algo.eval_view(senv, new, 0, 1), {}, RoundContext(1)) is None
+    )  # by everyone
 
 
 def test_feddyn_client_update_two_steps_by_hand():
@@ -417,7 +423,7 @@ def test_feddyn_client_update_two_steps_by_hand():
         "head.bias": torch.randn(2, generator=g),
     }
     grad = {k: torch.randn(v.shape, generator=g) for k, v in theta.items()}
-    out = algo.client_update(envs[0], {"weights": theta}, {"grad": grad}, 3, "train")
+    out = algo.client_update(envs[0], {"weights": theta}, {"grad": grad}, RoundContext(3))
 
     def task_loss(w):
         return nn.functional.cross_entropy(X @ w["head.weight"].T + w["head.bias"], Y)
@@ -461,7 +467,7 @@ def test_feddyn_linear_prox_term_is_flbench_loss_by_hand():
         {"name": "feddyn", "alpha": a, "prox_term": "linear"}, [(X, Y)] * 2, 2, local_epochs=2
     )
     theta, grad = _feddyn_case()
-    out = algo.client_update(envs[0], {"weights": theta}, {"grad": grad}, 3, "train")
+    out = algo.client_update(envs[0], {"weights": theta}, {"grad": grad}, RoundContext(3))
     delta = {k: -grad[k] / a - theta[k] for k in theta}  # FL-bench's local_dual_correction
 
     def flbench_loss(w):
@@ -479,7 +485,7 @@ def test_feddyn_linear_prox_term_is_flbench_loss_by_hand():
     assert close(out.state["grad"], {k: grad[k] - a * (w[k] - theta[k]) for k in w})
     # the paper's quadratic term gives another model (its alpha theta part is what differs)
     paper, _, penvs = federation({"name": "feddyn", "alpha": a}, [(X, Y)] * 2, 2, local_epochs=2)
-    other = paper.client_update(penvs[0], {"weights": theta}, {"grad": grad}, 3, "train")
+    other = paper.client_update(penvs[0], {"weights": theta}, {"grad": grad}, RoundContext(3))
     assert not close(other.upload["weights"], w, atol=1e-3)
 
 
@@ -494,7 +500,7 @@ def test_feddyn_clip_on_by_hand(clip_on):
         grad_clip=c,
     )  # fmt: skip
     theta, grad = _feddyn_case()
-    out = algo.client_update(envs[0], {"weights": theta}, {"grad": grad}, 3, "train")
+    out = algo.client_update(envs[0], {"weights": theta}, {"grad": grad}, RoundContext(3))
 
     def clipped(d):
         norm = math.sqrt(sum(float((v**2).sum()) for v in d.values()))

@@ -20,7 +20,7 @@ from flower_fakes import FakeGrid, assert_rows_close, flower_run, task_identity 
 from pflkit import algorithms  # noqa: E402
 from pflkit.algorithms import ALGORITHM_MODULES, ALGORITHMS  # noqa: E402
 from pflkit.engine import Simulation, run_experiment  # noqa: E402
-from pflkit.engine.clients import InProcess, ProcessPool  # noqa: E402
+from pflkit.engine.clients import InProcess, ProcessPool, TrainJob  # noqa: E402
 from pflkit.errors import PflkitError  # noqa: E402
 from pflkit.experiment import validate  # noqa: E402
 from pflkit.flower.codec import decode, encode  # noqa: E402
@@ -59,12 +59,14 @@ class Recording(InProcess):
     def __init__(self):
         self.payloads, self.uploads, self.states = [], [], []
 
-    def train(self, rnd, p, phase, payloads):
-        out = super().train(rnd, p, phase, payloads)
-        for cid, payload in payloads.items():
-            self.payloads.append((rnd, cid, payload))
-            self.uploads.append((rnd, cid, out[cid][0]))
-            self.states.append(self.sim.clients[cid])
+    def run(self, algo, envs, jobs, meanwhile=None):
+        out = super().run(algo, envs, jobs, meanwhile)
+        for job in jobs:
+            if isinstance(job, TrainJob):
+                rnd, cid = job.ctx.round, job.cid
+                self.payloads.append((rnd, cid, job.payload))
+                self.uploads.append((rnd, cid, out[cid].upload))
+                self.states.append(out[cid].state)
         return out
 
 

@@ -54,9 +54,9 @@ def test_a_finite_blow_up_stops_with_a_checkpoint_and_resumes_to_the_unstopped_r
 ):
     real = FedAvg.client_update
 
-    def blows_up_in_round_2(self, env, payload, state, rnd, phase):
-        update = real(self, env, payload, state, rnd, phase)
-        if rnd == 2:  # finite, far above the bound
+    def blows_up_in_round_2(self, env, payload, state, ctx):
+        update = real(self, env, payload, state, ctx)
+        if ctx.round == 2:  # finite, far above the bound
             update.metrics["train_loss"] *= 1e9
         return update
 
@@ -88,8 +88,8 @@ def test_every_client_dropped_stops_unless_told_to_go_on(tmp_path):
 
 
 def test_every_client_skipped_by_on_nan_stops(tmp_path, monkeypatch):
-    def nan_everywhere(self, env, payload, state, rnd, phase):
-        update = real(self, env, payload, state, rnd, phase)
+    def nan_everywhere(self, env, payload, state, ctx):
+        update = real(self, env, payload, state, ctx)
         update.metrics["train_loss"] = float("nan")
         return update
 

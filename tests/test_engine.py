@@ -318,9 +318,9 @@ def test_on_nan_stop_or_skip_the_diverging_client(tiny, tmp_path, monkeypatch, w
 
     real = FedAvg.client_update
 
-    def client_2_blows_up(self, env, payload, state, rnd, phase):
-        update = real(self, env, payload, state, rnd, phase)
-        if env.cid == 2 and rnd == 2:  # finite loss, but inf weights uploaded
+    def client_2_blows_up(self, env, payload, state, ctx):
+        update = real(self, env, payload, state, ctx)
+        if env.cid == 2 and ctx.round == 2:  # finite loss, but inf weights uploaded
             update.upload["weights"] = {
                 k: v * float("inf") for k, v in update.upload["weights"].items()
             }

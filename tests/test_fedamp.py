@@ -11,6 +11,7 @@ import torch
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.split import common_init
 from pflkit.algorithms.blocks.training import set_weights
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedamp import heuristic_attention, paper_attention
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -90,7 +91,7 @@ def test_proximal_pull_is_lam_over_alpha_times_w_minus_u(tiny):
 
     def step(cloud):
         torch.manual_seed(0)
-        return sim.algo.client_update(env, {"weights": cloud}, {}, 1, "train")
+        return sim.algo.client_update(env, {"weights": cloud}, {}, RoundContext(1))
 
     pulled, free = step(shifted), step(w0)
     for k, v in pulled.upload["weights"].items():
@@ -200,7 +201,7 @@ def test_client_step_by_hand_starts_from_its_own_model(tiny):
     w0 = common_init(env)
     own = {k: v + 0.2 * torch.randn(v.shape, generator=g) for k, v in w0.items()}
     cloud = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in w0.items()}
-    out = sim.algo.client_update(env, {"weights": cloud}, {"weights": own}, 2, "train")
+    out = sim.algo.client_update(env, {"weights": cloud}, {"weights": own}, RoundContext(2))
     model = env.model("check")
     model.load_state_dict(own)
     params = dict(model.named_parameters())

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.training import cross_entropy, get_weights, proximal_loss
+from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
@@ -65,7 +66,7 @@ def test_fedavg_aggregate_is_sample_weighted_mean_of_client_models(tiny):
     uploads = {}
     for env in sim.envs:
         uploads[env.cid] = algo.client_update(
-            env, {"weights": sim.server["weights"]}, {}, 1, "train"
+            env, {"weights": sim.server["weights"]}, {}, RoundContext(1)
         ).upload
         assert uploads[env.cid]["num_samples"] == len(sim.data.clients[env.cid].train_y)
     new = algo.aggregate(sim.senv, sim.server, uploads, 1, "train")["weights"]
@@ -118,7 +119,9 @@ def test_fedavg_ft_trains_like_fedavg_but_scores_fine_tuned_models(tiny, tmp_pat
     assert [r["pers_acc_mean"] for r in a.rows] != [r["pers_acc_mean"] for r in b.rows]
     # and the personal model is the global one after ft_epochs of local SGD
     sim = Simulation(tiny(algorithm={"name": "fedavg_ft", "ft_epochs": 2}))
-    pw = sim.algo.personal_weights(sim.envs[0], {"weights": sim.server["weights"]}, {})
+    pw = sim.algo.personal_weights(
+        sim.envs[0], {"weights": sim.server["weights"]}, {}, RoundContext(1)
+    )
     assert any(not torch.equal(pw[k], sim.server["weights"][k]) for k in pw)
 
 
@@ -201,19 +204,19 @@ def test_local_client_step_trains_its_own_model_by_hand(tiny):
     env, d = sim.envs[1], sim.data.clients[1]
     w0 = sim.client_state(1)["weights"]
     torch.manual_seed(7)
-    up = sim.algo.client_update(env, {}, {"weights": w0}, 3, "train")
+    up = sim.algo.client_update(env, {}, {"weights": w0}, RoundContext(3))
     torch.manual_seed(7)
     want = hand_sgd(w0, d.train_x, d.train_y, lr=0.05, epochs=2)
     assert up.upload == {}
     assert_close(up.state["weights"], want)
-    assert sim.algo.personal_weights(env, {}, up.state) is up.state["weights"]
+    assert sim.algo.personal_weights(env, {}, up.state, RoundContext(1)) is up.state["weights"]
 
 
 def test_fedavg_client_step_is_e_epochs_of_minibatch_sgd_by_hand(tiny):
     sim = Simulation(tiny(train={"local_epochs": 2}))
     env, d, w = sim.envs[2], sim.data.clients[2], sim.server["weights"]
     torch.manual_seed(5)
-    up = sim.algo.client_update(env, {"weights": w}, {}, 1, "train").upload
+    up = sim.algo.client_update(env, {"weights": w}, {}, RoundContext(1)).upload
     torch.manual_seed(5)
     assert_close(up["weights"], hand_sgd(w, d.train_x, d.train_y, lr=0.05, epochs=2))
     assert up["num_samples"] == len(d.train_y)
@@ -229,7 +232,7 @@ def test_fedavg_ft_scores_the_global_model_fine_tuned_by_hand(tiny):
     sim = Simulation(tiny(algorithm={"name": "fedavg_ft", "ft_epochs": 2, "ft_lr": 0.02}))
     env, d, w = sim.envs[0], sim.data.clients[0], sim.server["weights"]
     torch.manual_seed(3)
-    got = sim.algo.personal_weights(env, {"weights": w}, {})
+    got = sim.algo.personal_weights(env, {"weights": w}, {}, RoundContext(1))
     torch.manual_seed(3)
     assert_close(got, hand_sgd(w, d.train_x, d.train_y, lr=0.02, epochs=2))
 
@@ -246,6 +249,6 @@ def test_fedprox_client_step_by_hand(tiny):
         return ce(w, x, y) + mu / 2 * sum(((w[k] - w_t[k]) ** 2).sum() for k in w)
 
     torch.manual_seed(4)
-    up = sim.algo.client_update(env, {"weights": w_t}, {}, 1, "train").upload
+    up = sim.algo.client_update(env, {"weights": w_t}, {}, RoundContext(1)).upload
     torch.manual_seed(4)
     assert_close(up["weights"], hand_sgd(w_t, d.train_x, d.train_y, h, lr=0.05))

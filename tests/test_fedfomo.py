@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pflkit.algorithms.context import RoundContext
 from split_helpers import federation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -123,7 +124,7 @@ def test_client_update_weights_models_by_validation_gain_then_trains():
     }
     models = [better, worse, far]
     payload = {"ids": torch.tensor([3, 5, 6]), "models": models}
-    out = algo.client_update(envs[0], payload, {"weights": own}, 4, "train")
+    out = algo.client_update(envs[0], payload, {"weights": own}, RoundContext(4))
     # Eq. 5: (L(own) - L(n)) / ||theta_n - own||; Eq. 6: negatives to 0, normalised
     raw = [(ce(own, x, y) - ce(m, x, y)).item() / dist(m, own) for m in models]
     assert raw[0] > 0 > raw[1] and raw[2] > 0
@@ -149,6 +150,6 @@ def test_client_update_weights_models_by_validation_gain_then_trains():
     assert float(new["P"].abs().sum()) == pytest.approx(0.5 + 1.0)
     assert new["models"][0] is out.upload["weights"]
     # the model scored for the client is its own last model, not the initial one
-    view = algo.eval_view(senv, new, 0)
-    scored = algo.personal_weights(envs[0], view, out.state)
+    view = algo.eval_view(senv, new, 0, 1)
+    scored = algo.personal_weights(envs[0], view, out.state, RoundContext(1))
     assert all(torch.equal(scored[k], out.state["weights"][k]) for k in own)

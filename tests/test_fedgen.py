@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedgen import FedGen, diversity_loss
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
@@ -146,7 +147,7 @@ def test_client_round_one_is_a_plain_sgd_step_and_uploads_its_train_label_counts
         "head.weight": torch.tensor([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]]),
         "head.bias": torch.zeros(3),
     }
-    out = algo.client_update(envs[0], {"weights": w}, {}, 1, "train")
+    out = algo.client_update(envs[0], {"weights": w}, {}, RoundContext(1))
     x, y = envs[0].data.train_x, torch.tensor([0, 0, 2])
     leaf = {k: v.clone().requires_grad_(True) for k, v in w.items()}
     loss = F.cross_entropy(x @ leaf["head.weight"].T + leaf["head.bias"], y)
@@ -171,8 +172,10 @@ def test_server_averages_by_sample_count_and_remembers_the_labels_seen():
         assert torch.equal(v, torch.full_like(v, (1 * 1 + 3 * 5) / 4)), k
     assert new["labels"].tolist() == [0, 1, 2] and new["trained"]
     assert all(torch.equal(new["gen"][k], server["gen"][k]) for k in server["gen"])
-    assert algo.global_weights(senv, new) is new["weights"]  # the global model is scored
-    assert algo.personal_weights(None, algo.eval_view(senv, new, 0), {}) is None  # by everyone
+    assert algo.global_weights(senv, new, 1) is new["weights"]  # the global model is scored
+    assert (
+        algo.personal_weights(None, algo.eval_view(senv, new, 0, 1), {}, RoundContext(1)) is None
+    )  # by everyone
     payload = algo.configure(senv, new, 0, 3, "train")
     assert payload["labels"] is new["labels"] and payload["gen"] is new["gen"]
 

@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms.base import weighted_average
-from pflkit.algorithms.blocks.training import local_optim
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fednova import FedNova, nova_norm
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -148,7 +148,7 @@ def test_normalised_update_is_lr_times_a_constant_gradient(momentum, prox_mu):
     a.local_objective = lambda env, payload: linear_loss(coef)
     taus = set()
     for env in sim.envs[:2]:
-        u = a.client_update(env, {"weights": x}, {}, 1, "train").upload
+        u = a.client_update(env, {"weights": x}, {}, RoundContext(1)).upload
         tau = math.ceil(env.num_train / 16)  # batch 16, one epoch: every batch is a step
         taus.add(tau)
         if momentum:  # a_i's closed form with momentum (prox: the recursion)
@@ -169,8 +169,8 @@ def test_prox_normaliser_uses_the_rounds_learning_rate():
     x = sim.server["weights"]
     coef = {k: torch.ones_like(v) for k, v in x.items()}
     a.local_objective = lambda env, payload: linear_loss(coef)
-    with local_optim("sgd", 0.25):  # round 3 of a step schedule: 0.5^2, as the engine sets it
-        u = a.client_update(sim.envs[0], {"weights": x}, {}, 3, "train").upload
+    ctx = RoundContext(3, lr_factor=0.25)  # round 3 of a step schedule: 0.5^2 (engine)
+    u = a.client_update(sim.envs[0], {"weights": x}, {}, ctx).upload
     for d in u["d"].values():
         assert_close(d, torch.full_like(d, 0.05 * 0.25), rtol=2e-4, atol=2e-6)
 
@@ -182,7 +182,7 @@ def test_code_variant_normaliser_differs_with_momentum_and_prox():
     coef = {k: torch.ones_like(v) for k, v in x.items()}
     a.local_objective = lambda env, payload: linear_loss(coef)
     env = sim.envs[1]
-    u = a.client_update(env, {"weights": x}, {}, 1, "train").upload
+    u = a.client_update(env, {"weights": x}, {}, RoundContext(1)).upload
     tau = math.ceil(env.num_train / 16)
     assert u["steps"] == tau
     # the code's recursion A <- (A + c)(1 - 0.025) + 1, c <- 0.9 c + 1, by a plain loop here
@@ -209,8 +209,8 @@ def test_one_round_against_fedavg_clients():
     models = {}
     real = fedavg.algo.client_update
 
-    def spy(env, payload, state, rnd, phase):
-        out = real(env, payload, state, rnd, phase)
+    def spy(env, payload, state, ctx):
+        out = real(env, payload, state, ctx)
         models[env.cid] = (out.upload["weights"], env.num_train)
         return out
 
@@ -236,11 +236,7 @@ def test_straggler_normaliser_counts_the_steps_it_ran():
     sim = nova_sim()
     env = sim.envs[2]
     x = sim.server["weights"]
-    env.work = 0.5
-    try:
-        u = sim.algo.client_update(env, {"weights": x}, {}, 1, "train").upload
-    finally:
-        env.work = 1.0
+    u = sim.algo.client_update(env, {"weights": x}, {}, RoundContext(1, work=0.5)).upload
     assert u["a"] == math.floor(0.5 * math.ceil(env.num_train / 16))
 
 

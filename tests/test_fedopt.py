@@ -168,9 +168,9 @@ def spy_uploads(sim):
     seen: dict[int, dict] = {}
     real = sim.algo.client_update
 
-    def spy(env, payload, state, rnd, phase):
-        out = real(env, payload, state, rnd, phase)
-        seen.setdefault(rnd, {})[env.cid] = (out.upload["weights"], env.num_train)
+    def spy(env, payload, state, ctx):
+        out = real(env, payload, state, ctx)
+        seen.setdefault(ctx.round, {})[env.cid] = (out.upload["weights"], env.num_train)
         return out
 
     sim.algo.client_update = spy

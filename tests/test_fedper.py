@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pflkit.algorithms.context import RoundContext
 from split_helpers import one_client
 
 # inputs of 2 numbers, 3 classes; mlp [2, 2]: body layers 1 and 3, then the head
@@ -70,7 +71,7 @@ def test_client_update_trains_body_and_head_jointly_by_hand(private):
         {"name": "fedper", "private_layers": private}, X, Y, 3, hidden=(2, 2), local_epochs=2
     )
     body, head = split(start(), private)
-    upd = algo.client_update(env, {"body": body}, {"head": head}, 1, "train")
+    upd = algo.client_update(env, {"body": body}, {"head": head}, RoundContext(1))
     want = hand_steps({**body, **head}, list(start()), steps=2)
     want_body, want_head = split(want, private)
     assert_close(upd.upload["body"], want_body)
@@ -95,17 +96,19 @@ def test_aggregate_averages_the_body_by_samples_and_uniform_on_request():
 def test_the_scored_model_is_the_aggregated_body_with_the_own_head_by_hand():
     algo, senv, env = one_client({"name": "fedper"}, X, Y, 3, hidden=(2, 2))
     body, head = split(start())
-    upd = algo.client_update(env, {"body": body}, {"head": head}, 1, "train")
+    upd = algo.client_update(env, {"body": body}, {"head": head}, RoundContext(1))
     other = {k: v - 0.3 for k, v in body.items()}
     server = algo.aggregate(
         senv, {"body": body}, {0: upd.upload, 1: {"body": other, "num_samples": 1}}, 1, "train"
     )
-    weights = algo.personal_weights(env, algo.eval_view(senv, server, 0), upd.state)
+    weights = algo.personal_weights(
+        env, algo.eval_view(senv, server, 0, 1), upd.state, RoundContext(1)
+    )
     agg = {k: (3 * upd.upload["body"][k] + other[k]) / 4 for k in body}  # n = 3 and 1
     want = h_logits({k: v.double() for k, v in {**agg, **upd.state["head"]}.items()}, X.double())
     got = algo.scoring_model(env, weights)(X)
     assert torch.allclose(got.double(), want, atol=1e-6)
-    assert algo.global_weights(senv, server) is None
+    assert algo.global_weights(senv, server, 1) is None
 
 
 @pytest.mark.parametrize("name", ["fedper", "fedrep"])
@@ -115,13 +118,13 @@ def test_maps_protocol_scores_the_body_just_trained_with_the_own_head_by_hand(na
     aggregate of every participant's body (which the engine has computed by then)."""
     algo, senv, env = one_client({"name": name}, X, Y, 3, hidden=(2, 2))
     body, head = split(start())
-    upd = algo.client_update(env, {"body": body}, {"head": head}, 1, "train")
+    upd = algo.client_update(env, {"body": body}, {"head": head}, RoundContext(1))
     other = {k: v - 0.3 for k, v in body.items()}
     server = algo.aggregate(
         senv, {"body": body}, {0: upd.upload, 1: {"body": other, "num_samples": 3}}, 1, "train"
     )
-    view = algo.eval_view(senv, server, 0)
-    trained = algo.trained_weights(env, view, upd.upload, upd.state)
+    view = algo.eval_view(senv, server, 0, 1)
+    trained = algo.trained_weights(env, view, upd.upload, upd.state, RoundContext(1))
     t = {k: v.double() for k, v in {**upd.upload["body"], **upd.state["head"]}.items()}
     got = algo.scoring_model(env, trained)(X)
     assert torch.allclose(got.double(), h_logits(t, X.double()), atol=1e-6)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.hpm import HPMParams, hpm_momentum, kt_loss, mmd_pfllib
+from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation
 from test_fedavg_family import assert_close, hand_sgd, mlp_logits
 
@@ -140,7 +141,7 @@ def test_first_selection_distils_from_the_download_by_hand(tiny, schedule, m):
     sim = Simulation(cfg)
     env, d, w0 = sim.envs[1], sim.data.clients[1], sim.server["weights"]
     torch.manual_seed(4)
-    up = sim.algo.client_update(env, {"weights": w0}, {}, 1, "train")
+    up = sim.algo.client_update(env, {"weights": w0}, {}, RoundContext(1))
     torch.manual_seed(4)
     sent = hand_sgd(w0, d.train_x, d.train_y, pfllib_kt(w0, lam), lr=0.05)
     assert_close(up.upload["weights"], sent)
@@ -157,7 +158,7 @@ def test_default_first_selection_still_trains_plain_ce(tiny):
     sim = Simulation(cfg)
     env, d, w0 = sim.envs[1], sim.data.clients[1], sim.server["weights"]
     torch.manual_seed(4)
-    up = sim.algo.client_update(env, {"weights": w0}, {}, 1, "train")
+    up = sim.algo.client_update(env, {"weights": w0}, {}, RoundContext(1))
     torch.manual_seed(4)
     sent = hand_sgd(w0, d.train_x, d.train_y, lr=0.05)
     assert_close(up.upload["weights"], sent)
@@ -191,16 +192,20 @@ def test_personal_trained_scores_the_uploaded_model_not_the_hpm(tiny):
     )
     env, w0 = sim.envs[2], sim.server["weights"]
     hpm = {k: v + 0.3 for k, v in w0.items()}
-    up = sim.algo.client_update(env, {"weights": w0}, {"hpm": hpm, "selected": 2}, 3, "train")
-    scored = sim.algo.personal_weights(env, {"weights": w0}, up.state)
+    up = sim.algo.client_update(env, {"weights": w0}, {"hpm": hpm, "selected": 2}, RoundContext(3))
+    scored = sim.algo.personal_weights(env, {"weights": w0}, up.state, RoundContext(1))
     assert_close(scored, up.upload["weights"], atol=0)
     assert any(not torch.allclose(scored[k], up.state["hpm"][k]) for k in w0)
     # MAP's protocol scores the same model; a client never selected, the global model
-    assert_close(sim.algo.trained_weights(env, {}, up.upload, up.state), up.upload["weights"], 0)
-    assert sim.algo.personal_weights(env, {"weights": w0}, {}) is None
+    assert_close(
+        sim.algo.trained_weights(env, {}, up.upload, up.state, RoundContext(1)),
+        up.upload["weights"],
+        0,
+    )
+    assert sim.algo.personal_weights(env, {"weights": w0}, {}, RoundContext(1)) is None
     # the default scores the HPM
     default = Simulation(tiny(algorithm={"name": "fedphp"})).algo
-    assert default.personal_weights(env, {}, up.state) is up.state["hpm"]
+    assert default.personal_weights(env, {}, up.state, RoundContext(1)) is up.state["hpm"]
 
 
 def test_a_round_reports_the_pooled_accuracy_of_the_trained_models(tiny):

@@ -16,6 +16,7 @@ from conftest import tiny_config
 from pflkit.algorithms import parse_params
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.training import cross_entropy, get_weights, set_weights
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedproto import (
     FedProto,
     RunningMeans,
@@ -157,12 +158,12 @@ def test_round_one_is_plain_cross_entropy_and_upload_is_exactly_the_prototypes()
     a, env = sim.algo, sim.envs[0]
     state = a.client_init(env)
     torch.manual_seed(3)
-    upload, new_state, _ = a.client_update(env, {}, state, 1, "train")
+    upload, new_state, _ = a.client_update(env, {}, state, RoundContext(1))
     # the same training with the plain cross-entropy from the same seed
     model = env.model()
     set_weights(model, state["weights"])
     torch.manual_seed(3)
-    env.train(model, loss_fn=cross_entropy)
+    env.train(model, RoundContext(1), loss_fn=cross_entropy)
     for k, v in get_weights(model).items():
         assert torch.equal(new_state["weights"][k], v), k
     # Eq. 6 post hoc: per-class means of the eval-mode features of the whole training split
@@ -181,7 +182,7 @@ def test_round_one_is_plain_cross_entropy_and_upload_is_exactly_the_prototypes()
     # uniform aggregation needs no counts: they are not sent
     uni = algo(proto_agg="uniform")
     torch.manual_seed(3)
-    up2, _, _ = uni.client_update(env, {}, state, 1, "train")
+    up2, _, _ = uni.client_update(env, {}, state, RoundContext(1))
     assert set(up2) == {"classes", "protos"} and nbytes(up2) == n * (d * 4 + 8)
 
 
@@ -198,8 +199,8 @@ def test_prototype_inference_uses_the_global_prototypes():
     # the client's own last prototypes, deliberately different: they must not be used
     state["protos"] = {"classes": torch.tensor([0, 1]), "protos": torch.randn(2, d, generator=g)}
     server = {**glob}
-    view = a.eval_view(sim.senv, server, 1)
-    scorer = a.scoring_model(env, a.personal_weights(env, view, state))
+    view = a.eval_view(sim.senv, server, 1, 1)
+    scorer = a.scoring_model(env, a.personal_weights(env, view, state, RoundContext(1)))
     scorer.eval()
     with torch.no_grad():
         pred = scorer(env.data.test_x).argmax(1)
@@ -209,7 +210,9 @@ def test_prototype_inference_uses_the_global_prototypes():
     local = set(env.data.train_y.tolist())
     r = algo(inference="prototype", restrict_to_local_classes=True)
     with torch.no_grad():
-        out = r.scoring_model(env, r.personal_weights(env, view, state))(env.data.test_x)
+        out = r.scoring_model(env, r.personal_weights(env, view, state, RoundContext(1)))(
+            env.data.test_x
+        )
     allowed = [c for c in (2, 5, 7) if c in local]
     assert set(out.argmax(1).tolist()) <= set(allowed)
     assert torch.isinf(out[:, [c for c in range(10) if c not in allowed]]).all()
@@ -220,11 +223,12 @@ def test_head_inference_is_the_clients_model():
     a, env = sim.algo, sim.envs[0]
     state = a.client_init(env)
     assert (
-        a.eval_view(sim.senv, {"classes": torch.tensor([0]), "protos": torch.ones(1, 32)}, 0) == {}
+        a.eval_view(sim.senv, {"classes": torch.tensor([0]), "protos": torch.ones(1, 32)}, 0, 1)
+        == {}
     )
-    scorer = a.scoring_model(env, a.personal_weights(env, {}, state))
+    scorer = a.scoring_model(env, a.personal_weights(env, {}, state, RoundContext(1)))
     assert isinstance(scorer, PFLModel)
-    assert a.global_weights(sim.senv, sim.server) is None
+    assert a.global_weights(sim.senv, sim.server, 1) is None
 
 
 # -- bad input, heterogeneous models ---------------------------------------------------------------

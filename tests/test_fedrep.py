@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pflkit.algorithms.context import RoundContext
 from split_helpers import one_client
 from test_fedper import X, Y, assert_close, h_logits, hand_steps, split, start
 
@@ -29,7 +30,7 @@ def test_client_update_runs_head_epochs_then_body_epochs_by_hand(
         {"name": "fedrep", **params}, X, Y, 3, hidden=(2, 2), local_epochs=local_epochs
     )
     body, head = split(start())
-    upd = algo.client_update(env, {"body": body}, {"head": head}, 1, "train")
+    upd = algo.client_update(env, {"body": body}, {"head": head}, RoundContext(1))
     after_head = hand_steps(start(), HEAD, steps=head_steps)  # phi frozen
     want = hand_steps(after_head, BODY, steps=body_steps)  # the new h_i frozen
     want_body, want_head = split(want)
@@ -48,7 +49,7 @@ def test_private_layers_train_in_the_head_epochs_by_hand():
         X, Y, 3, hidden=(2, 2),
     )  # fmt: skip
     body, private = split(start(), ["3"])
-    upd = algo.client_update(env, {"body": body}, {"head": private}, 1, "train")
+    upd = algo.client_update(env, {"body": body}, {"head": private}, RoundContext(1))
     after_head = hand_steps(start(), BODY[2:] + HEAD, steps=2)
     want_body, want_private = split(hand_steps(after_head, BODY[:2], steps=1), ["3"])
     assert_close(upd.upload["body"], want_body)
@@ -72,9 +73,11 @@ def test_aggregate_is_sample_weighted_and_the_papers_mean_with_uniform():
 def test_the_scored_model_is_the_latest_body_with_the_own_head_by_hand():
     algo, senv, env = one_client({"name": "fedrep", "head_epochs": 2}, X, Y, 3, hidden=(2, 2))
     body, head = split(start())
-    upd = algo.client_update(env, {"body": body}, {"head": head}, 1, "train")
+    upd = algo.client_update(env, {"body": body}, {"head": head}, RoundContext(1))
     server = algo.aggregate(senv, {"body": body}, {0: upd.upload}, 1, "train")
-    weights = algo.personal_weights(env, algo.eval_view(senv, server, 0), upd.state)
+    weights = algo.personal_weights(
+        env, algo.eval_view(senv, server, 0, 1), upd.state, RoundContext(1)
+    )
     t = {k: v.double() for k, v in {**upd.upload["body"], **upd.state["head"]}.items()}
     got = algo.scoring_model(env, weights)(X)
     assert torch.allclose(got.double(), h_logits(t, X.double()), atol=1e-6)

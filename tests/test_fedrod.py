@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pflkit.algorithms.context import RoundContext
 from split_helpers import one_client
 
 # inputs of 2 numbers, 3 classes with counts (3, 1, 1); mlp [2]
@@ -77,7 +78,7 @@ def test_client_update_is_one_step_of_bsm_plus_the_detached_personal_loss_by_han
     }
     algo, senv, env = one_client(params, X, Y, 3, hidden=(2,))
     w, phead = start()
-    upd = algo.client_update(env, {"weights": w}, {"phead": phead}, 1, "train")
+    upd = algo.client_update(env, {"weights": w}, {"phead": phead}, RoundContext(1))
     want_w, want_p, want_loss = hand_step(w, phead, map_code=variant == "map_code", gamma=0.5)
     assert_close(upd.upload["weights"], want_w)
     assert_close(upd.state["phead"], want_p)
@@ -109,7 +110,7 @@ def test_the_scored_models_by_hand(variant):
     body and G-head and the client's own P-head; global: the generic model (body and G-head)."""
     algo, senv, env = one_client({"name": "fedrod", "variant": variant}, X, Y, 3, hidden=(2,))
     w, phead = start()
-    upd = algo.client_update(env, {"weights": w}, {"phead": phead}, 1, "train")
+    upd = algo.client_update(env, {"weights": w}, {"phead": phead}, RoundContext(1))
     other = {k: v + 0.2 for k, v in w.items()}
     ups = {0: upd.upload, 1: {"weights": other, "num_samples": 5}}
     server = algo.aggregate(senv, {"weights": w}, ups, 1, "train")
@@ -119,7 +120,9 @@ def test_the_scored_models_by_hand(variant):
     p = {k: v.double() for k, v in upd.state["phead"].items()}
     zp = h_head(p["head.weight"], p["head.bias"], f)
     want = zg + zp if variant == "paper" else (zg + zp) / 2
-    weights = algo.personal_weights(env, algo.eval_view(senv, server, 0), upd.state)
+    weights = algo.personal_weights(
+        env, algo.eval_view(senv, server, 0, 1), upd.state, RoundContext(1)
+    )
     got = algo.scoring_model(env, weights)(X)
     assert torch.allclose(got.double(), want, atol=1e-6)
-    assert_close(algo.global_weights(senv, server), agg)  # global_acc: the generic model
+    assert_close(algo.global_weights(senv, server, 1), agg)  # global_acc: the generic model

@@ -137,7 +137,7 @@ def test_short_run_assigns_by_distance_and_averages_members(tiny):
     # every client now downloads, and is scored on, the centre of its own cluster
     for c in range(4):
         k = sim.server["assign"][c]
-        assert sim.algo.eval_view(sim.senv, sim.server, c)["weights"] is sim.server["centers"][k]
+        assert sim.algo.eval_view(sim.senv, sim.server, c, 1)["weights"] is sim.server["centers"][k]
 
 
 def test_random_init_builds_k_distinct_centers_before_any_round(tiny, tmp_path):
@@ -162,5 +162,5 @@ def test_each_client_downloads_and_is_scored_on_its_own_centre(tiny):
     for cid, want in ((3, [10.0, 10.0]), (1, [100.0, -100.0]), (0, [0.0, 0.0])):
         down = sim.algo.configure(sim.senv, server, cid, 2, "train")["weights"]
         np.testing.assert_allclose(down["w"], want)
-        view = sim.algo.eval_view(sim.senv, server, cid)["weights"]
+        view = sim.algo.eval_view(sim.senv, server, cid, 1)["weights"]
         np.testing.assert_allclose(view["w"], want)

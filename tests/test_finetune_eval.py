@@ -15,7 +15,7 @@ from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
 from pflkit.engine import Simulation
 from pflkit.engine import clients as clients_module
-from pflkit.engine.clients import evaluate_client
+from pflkit.engine.clients import EVALUATE, evaluate_client, round_context
 from pflkit.engine.runner import run_experiment
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
@@ -23,6 +23,11 @@ from pflkit.experiment import validate
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LINEAR = {"name": "mlp", "options": {"hidden": []}}  # multinomial logistic regression
+
+
+def evaluation(env):
+    """The engine's context for evaluating after round 1."""
+    return round_context(env.run, 1, EVALUATE)
 
 
 def rows(result_rows) -> list[dict]:
@@ -116,7 +121,7 @@ def test_finetuned_copy_has_the_hand_weights(tiny):
         env = sim.envs[1]
         model = env.model()
         before = copy.deepcopy(model.state_dict())
-        tuned = clients_module.finetune_for_eval(model, env, cfg.seed, 1, 3)
+        tuned = clients_module.finetune_for_eval(model, env, evaluation(env), 3)
         w, b = hand_sgd(
             before["head.weight"], before["head.bias"], env.data.train_x, env.data.train_y,
             3, 0.3, 0.9, 0.05,
@@ -172,7 +177,7 @@ def test_evaluation_leaves_state_view_and_rng_alone(tiny):
         kept = copy.deepcopy(state)
 
         def score(k: int):
-            acc = evaluate_client(algo, env, cfg.seed, 1, view, state, 1000, finetune_epochs=k)
+            acc = evaluate_client(algo, env, view, state, evaluation(env), 1000, finetune_epochs=k)
             return acc, torch.get_rng_state()
 
         acc0, rng0 = score(0)
@@ -201,7 +206,7 @@ def test_finetuning_draws_from_its_own_stream(tiny, monkeypatch):
     with Simulation(cfg) as sim:
         sim.run_round(1)
         algo, env, state = sim.algo, sim.envs[0], sim.client_state(0)
-        evaluate_client(algo, env, cfg.seed, 1, {}, state, 1000, finetune_epochs=1)
+        evaluate_client(algo, env, {}, state, evaluation(env), 1000, finetune_epochs=1)
         plain = algo.personal_weights
 
         def drawing(*a):
@@ -209,7 +214,7 @@ def test_finetuning_draws_from_its_own_stream(tiny, monkeypatch):
             return plain(*a)
 
         monkeypatch.setattr(algo, "personal_weights", drawing)
-        evaluate_client(algo, env, cfg.seed, 1, {}, state, 1000, finetune_epochs=1)
+        evaluate_client(algo, env, {}, state, evaluation(env), 1000, finetune_epochs=1)
     assert equal(tuned[0], tuned[1])
     assert not equal(tuned[0], state["weights"])
 

@@ -8,6 +8,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms import parse_params
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.gpfl import (
     TABLE,
     alg_loss,
@@ -118,7 +119,7 @@ def test_one_step_pulls_cov_and_gce_by_mu_times_the_unit_direction():
         server = algo.server_init(senv)
         torch.manual_seed(0)
         upd = algo.client_update(env, algo.configure(senv, server, 0, 1, "train"),
-                                 algo.client_init(env), 1, "train")  # fmt: skip
+                                 algo.client_init(env), RoundContext(1))  # fmt: skip
         return server["shared"], upd
 
     start, with_mu = step(0.3)
@@ -156,8 +157,8 @@ def test_personalized_input_of_a_client_is_its_label_weighted_embedding_mean():
     state = algo.client_init(env)
     c = server["shared"][TABLE].numpy().astype(np.float64)
     hand = 0.5 * c[0] + 0.25 * c[1] + 0.25 * c[2]
-    view = algo.eval_view(senv, server, 0)
-    got = algo.personal_weights(env, view, state)["cond.p"]
+    view = algo.eval_view(senv, server, 0, 1)
+    got = algo.personal_weights(env, view, state, RoundContext(1))["cond.p"]
     assert np.allclose(got.numpy(), hand, atol=1e-6)
 
 
@@ -168,7 +169,7 @@ def test_inference_goes_through_the_personalized_route():
     t, w = hand_cov()
     server["shared"].update({k: v.float() for k, v in t.items()})
     state = algo.client_init(env)
-    weights = algo.personal_weights(env, algo.eval_view(senv, server, 0), state)
+    weights = algo.personal_weights(env, algo.eval_view(senv, server, 0, 1), state, RoundContext(1))
     p = weights["cond.p"].double().numpy()
     _, _, fp = np_cov(w, p, x.double().numpy())
     W, b = (
@@ -327,7 +328,7 @@ def test_client_update_is_one_sgd_step_on_eq11_by_hand(lam, mu):
     C uploaded, the head kept."""
     algo, senv, env, shared, head = gpfl_client(lam=lam, mu=mu)
     state = {**algo.client_init(env), "head": head}
-    upd = algo.client_update(env, {"shared": shared}, state, 1, "train")
+    upd = algo.client_update(env, {"shared": shared}, state, RoundContext(1))
     want_shared, want_head, want_loss = hand_gpfl_step(shared, head, X3, Y3, lam=lam, mu=mu, lr=0.1)
     assert_close(upd.upload["shared"], want_shared)
     assert_close(upd.state["head"], want_head)
@@ -344,7 +345,7 @@ def test_client_update_with_the_authors_code_options_by_hand():
     algo, senv, env, shared, head = gpfl_client(**opts)
     state = {**algo.client_init(env), "head": head}
     zero = torch.zeros(3, dtype=torch.float64)
-    upd = algo.client_update(env, {"shared": shared}, state, 1, "train")
+    upd = algo.client_update(env, {"shared": shared}, state, RoundContext(1))
     kw = {"lam": 0.7, "mu": 0.2, "lr": 0.1, "mlg": "batch_frobenius", "reg": "weight_decay"}
     want_shared, want_head, want_loss = hand_gpfl_step(
         shared, head, X3, Y3, cond=(zero, zero), **kw
@@ -354,7 +355,7 @@ def test_client_update_with_the_authors_code_options_by_hand():
     assert upd.metrics["train_loss"] == pytest.approx(want_loss, rel=1e-6)
     # round 2 receives the round-1 start again; g and p come from the client's own table
     own = upd.upload["shared"][TABLE].double()
-    upd2 = algo.client_update(env, {"shared": shared}, upd.state, 2, "train")
+    upd2 = algo.client_update(env, {"shared": shared}, upd.state, RoundContext(2))
     want2, _, _ = hand_gpfl_step(
         shared, upd.state["head"], X3, Y3, cond=(own.mean(0), ALPHA3 @ own), **kw
     )
@@ -378,13 +379,13 @@ def test_the_evaluated_model_is_the_aggregate_with_the_own_head_and_p_by_hand():
     (trained) head, p_i from the latest global table (Sec. 3.2); logits by hand."""
     algo, senv, env, shared, head = gpfl_client(lam=0.7, mu=0.2)
     state = {**algo.client_init(env), "head": head}
-    upd = algo.client_update(env, {"shared": shared}, state, 1, "train")
+    upd = algo.client_update(env, {"shared": shared}, state, RoundContext(1))
     other = {k: v + 0.25 for k, v in shared.items()}  # another client's upload
     ups = {0: upd.upload, 1: {"shared": other, "num_samples": 1}}
     server = algo.aggregate(senv, {"shared": shared}, ups, 1, "train")
     agg = {k: (3 * upd.upload["shared"][k] + other[k]) / 4 for k in shared}  # n = 3 and 1
-    view = algo.eval_view(senv, server, 0)
-    weights = algo.personal_weights(env, view, upd.state)
+    view = algo.eval_view(senv, server, 0, 1)
+    weights = algo.personal_weights(env, view, upd.state, RoundContext(1))
     t = {k: v.double() for k, v in {**agg, **upd.state["head"]}.items()}
     p = ALPHA3 @ t[TABLE]
     f_p = h_route(t, h_features(t, X3.double()), p)
@@ -393,7 +394,7 @@ def test_the_evaluated_model_is_the_aggregate_with_the_own_head_and_p_by_hand():
     assert torch.allclose(got.double(), want, atol=1e-5)
     # MAP's protocol scores the freshly trained model: the uploaded phi, V and table (p from
     # that table) with the trained head
-    trained = algo.trained_weights(env, view, upd.upload, upd.state)
+    trained = algo.trained_weights(env, view, upd.upload, upd.state, RoundContext(1))
     t2 = {k: v.double() for k, v in {**upd.upload["shared"], **upd.state["head"]}.items()}
     f_p2 = h_route(t2, h_features(t2, X3.double()), ALPHA3 @ t2[TABLE])
     want2 = f_p2 @ t2["head.weight"].T + t2["head.bias"]

@@ -20,6 +20,7 @@ from pflkit.algorithms import build_algorithm, parse_params, resolve_params
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.distill import cosine_matrix, kd_loss, mix, project_simplex, restrict
 from pflkit.algorithms.blocks.training import get_weights, set_weights
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.feddf import ensemble_distill
 from pflkit.algorithms.ktpfl import (
     coef_objective,
@@ -317,7 +318,7 @@ def trained_by_hand(env, weights, seed, **overrides):
     m = env.model("ref")
     set_weights(m, weights)
     torch.manual_seed(seed)
-    env.train(m, **overrides)
+    env.train(m, RoundContext(1), **overrides)
     return get_weights(m)
 
 
@@ -327,9 +328,9 @@ def spy_on_training(monkeypatch, env) -> list:
     calls = []
     real = env.train
 
-    def spy(model, **kw):
+    def spy(model, ctx, **kw):
         before = get_weights(model)
-        loss = real(model, **kw)
+        loss = real(model, ctx, **kw)
         calls.append((before, get_weights(model)))
         return loss
 
@@ -354,7 +355,7 @@ def test_client_round_order_upload_temperature_and_distillation_by_value(
     calls = spy_on_training(monkeypatch, env)
     w0 = algo.client_init(env)["weights"]
     torch.manual_seed(11)
-    share = algo.client_update(env, {}, {"weights": w0}, 1, "share")
+    share = algo.client_update(env, {}, {"weights": w0}, RoundContext(1, "share"))
     if name == "ktpfl":  # KT-pFL Alg. 1: private epochs first, then the upload
         assert len(calls) == 1 and "train_loss" in share.metrics
         assert_weights_close(calls[0][0], w0)
@@ -372,7 +373,7 @@ def test_client_round_order_upload_temperature_and_distillation_by_value(
     # the distill phase: one full-batch step (distill_batch_size 64 = |public|) at train.lr
     teacher = torch.softmax(logits_of(envs[2], envs[2].init_weights(), x, "t") / t, 1)
     calls.clear()
-    out = algo.client_update(env, {"teacher": teacher}, share.state, 1, "distill")
+    out = algo.client_update(env, {"teacher": teacher}, share.state, RoundContext(1, "distill"))
     distilled = {**w1, **distilled_by_hand(env, w1, x, teacher, t, cfg.train.lr)}
     if name == "ktpfl":  # nothing after distillation: the client is scored on this model
         assert calls == []
@@ -394,7 +395,9 @@ def test_distillation_lowers_kl_to_the_teacher_on_the_public_set(name, digits_wi
     for env in envs[:2]:  # an MLP and the ResNet
         w = algo.client_init(env)["weights"]
         before = kl_rows(teacher, torch.log_softmax(logits_of(env, w, x), 1))
-        out = algo.client_update(env, {"teacher": teacher}, {"weights": w}, 1, "distill")
+        out = algo.client_update(
+            env, {"teacher": teacher}, {"weights": w}, RoundContext(1, "distill")
+        )
         after = kl_rows(teacher, torch.log_softmax(logits_of(env, out.state["weights"], x), 1))
         assert after < 0.8 * before, (before, after)
 
@@ -406,14 +409,14 @@ def test_local_epoch_ramp_and_fixed_schedule(monkeypatch, digits_with_public):
         env = envs[0]
         seen = []
 
-        def spy(model, _seen=seen, _default=env.run.train.local_epochs, **kw):
+        def spy(model, ctx, _seen=seen, _default=env.run.train.local_epochs, **kw):
             _seen.append(kw.get("epochs", _default))
             return 0.0
 
         monkeypatch.setattr(env, "train", spy)
         state = algo.client_init(env)
         for rnd in (1, 2, 3, 4):
-            state = algo.client_update(env, {}, state, rnd, "share").state
+            state = algo.client_update(env, {}, state, RoundContext(rnd, "share")).state
         assert seen == expected, schedule
 
 
@@ -600,7 +603,7 @@ def feddf_round(algorithm: dict, data):
     for c in range(4):
         torch.manual_seed(c)
         payload = algo.configure(senv, server, c, 1, "train")
-        uploads[c] = algo.client_update(envs[c], payload, {}, 1, "train").upload
+        uploads[c] = algo.client_update(envs[c], payload, {}, RoundContext(1)).upload
     torch.manual_seed(99)
     return algo, senv, envs, uploads, algo.aggregate(senv, server, uploads, 1, "train")
 
@@ -727,7 +730,7 @@ def test_pfeddf_fine_tunes_the_prototype_for_ft_epochs_by_value(digits_with_publ
     env = envs[1]
     proto = server["protos"][env.arch]
     torch.manual_seed(21)
-    personal = algo.personal_weights(env, algo.eval_view(senv, server, 1), {})
+    personal = algo.personal_weights(env, algo.eval_view(senv, server, 1, 1), {}, RoundContext(1))
     expected = trained_by_hand(env, proto, 21, epochs=2)  # train.local_epochs is 1
     for k in expected:
         assert torch.allclose(personal[k], expected[k], atol=1e-6), k
@@ -773,7 +776,7 @@ def test_pfeddf_fine_tunes_the_prototype_by_hand(tiny, digits_with_public):
     proto = {k: v + 0.1 * torch.randn_like(v) for k, v in senv.init_weights().items()}
     d = digits_with_public.clients[2]
     torch.manual_seed(6)
-    got = algo.personal_weights(envs[2], {"proto": proto}, {})
+    got = algo.personal_weights(envs[2], {"proto": proto}, {}, RoundContext(1))
     torch.manual_seed(6)
     assert_close(got, hand_sgd(proto, d.train_x, d.train_y, lr=0.05, epochs=2))
 
@@ -790,7 +793,7 @@ def test_homogeneous_ktpfl_mixes_parameters_by_columns_of_c(tiny, digits_with_pu
     for c in range(4):
         torch.manual_seed(c)
         payload = algo.configure(senv, server, c, 1, "train")
-        uploads[c] = algo.client_update(envs[c], payload, {}, 1, "train").upload
+        uploads[c] = algo.client_update(envs[c], payload, {}, RoundContext(1)).upload
     x = digits_with_public.public_x
     z = logits_of(envs[0], uploads[0]["weights"], x)
     np.testing.assert_allclose(

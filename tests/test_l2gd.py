@@ -11,6 +11,7 @@ from torch import nn
 
 from conftest import tiny_config
 from pflkit.algorithms import l2gd as l2gd_module
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.l2gd import coin_runs, pull
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
@@ -44,7 +45,9 @@ def test_client_pull_uses_alpha_lam_over_n_p(tiny):
     sim = l2gd_sim(tiny, lam=2.0, p=0.25, pulls="one")
     x_bar = sim.server["weights"]
     x = perturbed(x_bar, 0.5, 1)
-    out = sim.algo.client_update(sim.envs[1], {"weights": x_bar}, {"weights": x}, 1, "pull")
+    out = sim.algo.client_update(
+        sim.envs[1], {"weights": x_bar}, {"weights": x}, RoundContext(1, "pull")
+    )
     assert out.upload == {}  # the pull uploads nothing
     for k, v in x.items():
         if v.is_floating_point():
@@ -56,7 +59,7 @@ def test_client_pull_uses_alpha_lam_over_n_p(tiny):
     pull_payload = sim.algo.configure(sim.senv, sim.server, 0, 1, "pull")
     assert sorted(pull_payload) == ["num_clients", "weights"] and pull_payload["num_clients"] == 4
     x_bar = pull_payload["weights"]  # this run's x_bar
-    out = sim.algo.client_update(sim.envs[1], pull_payload, {"weights": x}, 1, "pull")
+    out = sim.algo.client_update(sim.envs[1], pull_payload, {"weights": x}, RoundContext(1, "pull"))
     for k, v in x.items():
         if v.is_floating_point():
             torch.testing.assert_close(out.state["weights"][k], v - 0.1 * (v - x_bar[k]))
@@ -68,7 +71,9 @@ def test_client_pull_applies_the_run_of_aggregation_steps(tiny):
     x = perturbed(x_bar, 0.5, 2)
     rnd = next(r for r in range(1, 100) if coin_runs(sim.cfg.seed, r, 0.25)[1] >= 2)
     m = coin_runs(sim.cfg.seed, rnd, 0.25)[1]
-    out = sim.algo.client_update(sim.envs[0], {"weights": x_bar}, {"weights": x}, rnd, "pull")
+    out = sim.algo.client_update(
+        sim.envs[0], {"weights": x_bar}, {"weights": x}, RoundContext(rnd, "pull")
+    )
     for k, v in x.items():
         if v.is_floating_point():
             want = v.clone()
@@ -93,7 +98,7 @@ def test_local_step_is_alpha_over_n_one_minus_p(tiny):
     names = [k for k, _ in model.named_parameters()]
     grads = dict(zip(names, torch.autograd.grad(loss, list(model.parameters())), strict=True))
     payload = sim.algo.configure(sim.senv, sim.server, 2, 1, "local")
-    out = sim.algo.client_update(env, payload, {"weights": x}, 1, "local")
+    out = sim.algo.client_update(env, payload, {"weights": x}, RoundContext(1, "local"))
     for k in names:
         torch.testing.assert_close(out.upload["weights"][k], x[k] - 0.1 * grads[k])
     assert out.state["weights"] is out.upload["weights"]
@@ -198,7 +203,7 @@ def test_local_phase_runs_L_r_plain_gradient_steps(tiny, monkeypatch):
         g = full_batch_grads(model, want, env.data.train_x, env.data.train_y)
         want = {k: v - 0.2 * g[k] if k in g else v for k, v in want.items()}
     payload = sim.algo.configure(sim.senv, sim.server, 1, 1, "local")
-    out = sim.algo.client_update(env, payload, {"weights": x0}, 1, "local")
+    out = sim.algo.client_update(env, payload, {"weights": x0}, RoundContext(1, "local"))
     for k, v in want.items():
         torch.testing.assert_close(out.upload["weights"][k], v, rtol=1e-5, atol=1e-6)
     # the three steps moved the model well beyond one step's size
@@ -222,7 +227,9 @@ def test_pull_phase_applies_M_r_aggregation_steps(tiny, monkeypatch):
     np.testing.assert_allclose(server["weights"]["w"], [1.0, 2.0])  # not (0.2, 3.6)
     x_bar = sim.server["weights"]
     x = perturbed(x_bar, 0.5, 4)
-    out = sim.algo.client_update(sim.envs[0], {"weights": x_bar}, {"weights": x}, 1, "pull")
+    out = sim.algo.client_update(
+        sim.envs[0], {"weights": x_bar}, {"weights": x}, RoundContext(1, "pull")
+    )
     for k, v in x.items():
         if v.is_floating_point():
             torch.testing.assert_close(out.state["weights"][k], x_bar[k] + 0.343 * (v - x_bar[k]))

@@ -19,6 +19,7 @@ from pflkit.algorithms.blocks.hpm import (
 )
 from pflkit.algorithms.blocks.rs import class_counts, rs_loss, rs_scale
 from pflkit.algorithms.blocks.training import get_weights, set_weights
+from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
@@ -105,11 +106,12 @@ def test_personalize_folds_the_fine_tuned_model_into_the_hpm(tiny):
     env, p = sim.envs[0], sim.algo.params
     model = env.model()
     set_weights(model, sim.server["weights"])
-    state, _ = personalize(env, model, {}, p)  # first selection: HPM := fine-tuned model
+    first = RoundContext(1)
+    state, _ = personalize(env, model, {}, p, first)  # first selection: HPM := fine-tuned model
     assert state["selected"] == 1
     assert all(torch.equal(state["hpm"][k], v) for k, v in get_weights(model).items())
     old = {k: v + 0.1 for k, v in state["hpm"].items()}
-    state, _ = personalize(env, model, {"hpm": old, "selected": 1}, p)
+    state, _ = personalize(env, model, {"hpm": old, "selected": 1}, p, RoundContext(2))
     mu = 0.9 * 2 / (0.5 * 10)
     for k, v in get_weights(model).items():
         assert torch.allclose(state["hpm"][k], (1 - mu) * v + mu * old[k], atol=1e-6)
@@ -153,9 +155,10 @@ def test_map_stage_lengths(tiny):
     sim = Simulation(incomplete(tiny))
     n = len(sim.data.clients[0].train_y)
     total = 2 * math.ceil(n / 16)
-    assert sim.algo.stage_steps(sim.envs[0]) == (total - total // 2, total // 2)  # E/2 + E/2
+    ctx = RoundContext(1)
+    assert sim.algo.stage_steps(sim.envs[0], ctx) == (total - total // 2, total // 2)  # E/2 + E/2
     sim = Simulation(incomplete(tiny, stage_b_fraction=0.1, stage_b_lr_scale=0.2))
-    assert sim.algo.stage_steps(sim.envs[0]) == (total, max(int(0.1 * total), 5))  # code
+    assert sim.algo.stage_steps(sim.envs[0], ctx) == (total, max(int(0.1 * total), 5))  # code
 
 
 def test_map_uploads_the_stage_a_rs_model_and_keeps_stage_b_private(tiny):
@@ -163,21 +166,21 @@ def test_map_uploads_the_stage_a_rs_model_and_keeps_stage_b_private(tiny):
     env, algo = sim.envs[1], sim.algo
     payload = {"weights": sim.server["weights"]}
     seed_torch(9)
-    up = algo.client_update(env, payload, {}, 1, "train")
+    ctx = RoundContext(1)
+    up = algo.client_update(env, payload, {}, ctx)
     # stage A alone, same seed: RS loss for steps_A steps
     model = env.model(slot="check")
     set_weights(model, sim.server["weights"])
     seed_torch(9)
     y = sim.data.clients[1].train_y
-    env.train(
-        model, loss_fn=rs_loss(rs_scale(class_counts(y, 10), 0.0)), steps=algo.stage_steps(env)[0]
-    )
+    loss_fn = rs_loss(rs_scale(class_counts(y, 10), 0.0))
+    env.train(model, ctx, loss_fn=loss_fn, steps=algo.stage_steps(env, ctx)[0])
     for k, v in get_weights(model).items():
         assert torch.equal(up.upload["weights"][k], v)
     # the HPM (stage B result) differs from the upload and is the personalized model
     hpm = up.state["hpm"]
     assert any(not torch.equal(hpm[k], up.upload["weights"][k]) for k in hpm)
-    assert algo.personal_weights(env, {}, up.state) is hpm
+    assert algo.personal_weights(env, {}, up.state, RoundContext(1)) is hpm
 
 
 def test_map_trains_on_incomplete_classes(tiny, tmp_path):
@@ -220,12 +223,13 @@ def test_scamap_stage_a_is_scaffold_on_the_rs_loss(tiny, tmp_path):
     payload = algo.configure(sim.senv, sim.server, 2, 1, "train")
     payload["control"] = {k: torch.full_like(v, 0.01) for k, v in payload["control"].items()}
     seed_torch(5)
-    up = algo.client_update(env, payload, {}, 1, "train")
+    ctx = RoundContext(1)
+    up = algo.client_update(env, payload, {}, ctx)
     seed_torch(5)
     y = sim.data.clients[2].train_y
     ref = scaffold_local_steps(
-        env, payload["weights"], payload["control"], None,
-        loss_fn=rs_loss(rs_scale(class_counts(y, 10), 0.9)), steps=algo.stage_steps(env)[0],
+        env, payload["weights"], payload["control"], None, ctx,
+        loss_fn=rs_loss(rs_scale(class_counts(y, 10), 0.9)), steps=algo.stage_steps(env, ctx)[0],
     )  # fmt: skip
     for k in ref.delta_y:
         assert torch.equal(up.upload["delta_y"][k], ref.delta_y[k])
@@ -241,7 +245,7 @@ def test_scamap_defaults_to_the_code_stage_split_and_stage_b_never_reaches_the_s
     cfg = incomplete(tiny)
     sim = Simulation(cfg.model_copy(update={"algorithm": {"name": "scamap"}}))
     total = cfg.train.local_epochs * -(-len(sim.data.clients[0].train_y) // cfg.train.batch_size)
-    assert sim.algo.stage_steps(sim.envs[0]) == (total, max(int(0.2 * total), 5))
+    assert sim.algo.stage_steps(sim.envs[0], RoundContext(1)) == (total, max(int(0.2 * total), 5))
     assert sim.algo.params.stage_b_lr_scale == 0.5
     assert sim.algo.params.control_scale == "code"
     servers = []
@@ -332,7 +336,7 @@ def test_stage_b_distils_from_the_hpm(tiny):
         model = env.model()
         set_weights(model, w0)
         seed_torch(3)
-        personalize(env, model, {"hpm": hpm, "selected": 1}, p)
+        personalize(env, model, {"hpm": hpm, "selected": 1}, p, RoundContext(2))
         trained.append(get_weights(model))
     assert any(not torch.allclose(trained[0][k], trained[1][k]) for k in w0)
 
@@ -399,14 +403,14 @@ def test_map_stage_b_runs_at_the_scaled_learning_rate(tiny, monkeypatch):
     env, calls = sim.envs[0], []
     real = type(env).train
 
-    def spy(self, model, **kw):
+    def spy(self, model, ctx, **kw):
         calls.append(kw)
-        return real(self, model, **kw)
+        return real(self, model, ctx, **kw)
 
     monkeypatch.setattr(type(env), "train", spy)
     state = {"hpm": sim.server["weights"], "selected": 1}
-    sim.algo.client_update(env, {"weights": sim.server["weights"]}, state, 2, "train")
-    steps_a, steps_b = sim.algo.stage_steps(env)
+    sim.algo.client_update(env, {"weights": sim.server["weights"]}, state, RoundContext(2))
+    steps_a, steps_b = sim.algo.stage_steps(env, RoundContext(2))
     assert [c.get("steps") for c in calls] == [steps_a, steps_b]
     assert "lr" not in calls[0] or calls[0]["lr"] == 0.05  # stage A: train.lr
     assert calls[1]["lr"] == pytest.approx(0.05 * 0.25)  # stage B: 0.25 x train.lr
@@ -420,7 +424,7 @@ def test_fedphp_uploads_the_fine_tuned_model_and_folds_it_into_the_hpm(tiny):
     )
     env, w0 = sim.envs[1], sim.server["weights"]
     old = {k: v + 0.3 for k, v in w0.items()}
-    up = sim.algo.client_update(env, {"weights": w0}, {"hpm": old, "selected": 2}, 3, "train")
+    up = sim.algo.client_update(env, {"weights": w0}, {"hpm": old, "selected": 2}, RoundContext(3))
     new, sent = up.state["hpm"], up.upload["weights"]
     assert up.state["selected"] == 3
     for k in w0:
@@ -461,7 +465,7 @@ def test_fedrs_client_step_is_sgd_on_the_rs_loss_by_hand(tiny):
     env, d, w = sim.envs[0], sim.data.clients[0], sim.server["weights"]
     assert len(d.train_y.unique()) < 10
     torch.manual_seed(2)
-    up = sim.algo.client_update(env, {"weights": w}, {}, 1, "train").upload
+    up = sim.algo.client_update(env, {"weights": w}, {}, RoundContext(1)).upload
     torch.manual_seed(2)
     assert_close(up["weights"], hand_sgd(w, d.train_x, d.train_y, rs_ce(d.train_y, alpha), lr=0.05))
 
@@ -479,7 +483,7 @@ def test_fedphp_client_step_distils_from_the_hpm_by_hand(tiny):
     torch.manual_seed(0)
     hpm = {k: v + 0.3 * torch.randn_like(v) for k, v in w.items()}
     torch.manual_seed(5)
-    up = sim.algo.client_update(env, {"weights": w}, {"hpm": hpm, "selected": 1}, 4, "train")
+    up = sim.algo.client_update(env, {"weights": w}, {"hpm": hpm, "selected": 1}, RoundContext(4))
     torch.manual_seed(5)
     sent = hand_sgd(w, d.train_x, d.train_y, kt_ce(hpm, lam), lr=0.05)
     assert_close(up.upload["weights"], sent)
@@ -510,7 +514,7 @@ def test_scamap_client_update_by_hand(tiny):
     hpm = {k: v + 0.3 * torch.randn_like(v) for k, v in x.items()}
     state = {"control": ci, "hpm": hpm, "selected": 1}
     torch.manual_seed(3)
-    update = sim.algo.client_update(env, {"weights": x, "control": c}, state, 2, "train")
+    update = sim.algo.client_update(env, {"weights": x, "control": c}, state, RoundContext(2))
     k_steps = 2 * math.ceil(len(d.train_y) / 16)
     torch.manual_seed(3)
     shift = {k: c[k] - ci[k] for k in x}

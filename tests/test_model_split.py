@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from conftest import tiny_config
 from pflkit.algorithms import parse_params
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedrod import fedrod_loss, generic_logits
 from pflkit.algorithms.perfedavg import meta_loss
 from pflkit.algorithms.pfedme import moreau_steps, pfedme_loss
@@ -31,7 +32,9 @@ def test_fedrep_freezes_the_body_in_head_epochs_and_the_head_in_body_epochs(
         x, y, 3, hidden=(4,), batch_size=4,
     )  # fmt: skip
     server, state = algo.server_init(senv), algo.client_init(env)
-    up, new, _ = algo.client_update(env, algo.configure(senv, server, 0, 1, "train"), state, 1, "t")
+    up, new, _ = algo.client_update(
+        env, algo.configure(senv, server, 0, 1, "train"), state, RoundContext(1, "t")
+    )
     body_same = all(torch.equal(up["body"][k], server["body"][k]) for k in server["body"])
     head_same = all(torch.equal(new["head"][k], state["head"][k]) for k in state["head"])
     assert (body_same, head_same) == ((True, False) if body_epochs == 0 else (False, True))
@@ -51,7 +54,9 @@ def test_fedrep_private_layers_train_with_the_head(head_epochs, body_epochs):
     server, state = algo.server_init(senv), algo.client_init(env)
     assert sorted(server["body"]) == ["body.1.bias", "body.1.weight"]
     assert sorted(state["head"]) == ["body.3.bias", "body.3.weight", "head.bias", "head.weight"]
-    up, new, _ = algo.client_update(env, algo.configure(senv, server, 0, 1, "train"), state, 1, "t")
+    up, new, _ = algo.client_update(
+        env, algo.configure(senv, server, 0, 1, "train"), state, RoundContext(1, "t")
+    )
     assert sorted(up["body"]) == sorted(server["body"])
     body_same = all(torch.equal(up["body"][k], server["body"][k]) for k in server["body"])
     private_same = [torch.equal(new["head"][k], state["head"][k]) for k in state["head"]]
@@ -148,7 +153,7 @@ def test_perfedavg_personal_model_is_one_sgd_step_of_size_alpha():
     x, y = data(8, 3, 2)
     algo, senv, env = one_client({"name": "perfedavg", "alpha": 0.3}, x, y, 2)  # batch = all 8
     w = algo.server_init(senv)["weights"]
-    adapted = algo.personal_weights(env, {"weights": w}, {})
+    adapted = algo.personal_weights(env, {"weights": w}, {}, RoundContext(1))
     W, b = w["head.weight"].double().numpy(), w["head.bias"].double().numpy()
     gW, gb = np_ce_grad(W, b, x.double().numpy(), y.numpy())
     assert np.allclose(adapted["head.weight"].numpy(), W - 0.3 * gW, atol=1e-6)

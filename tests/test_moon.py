@@ -12,6 +12,7 @@ from torch import nn
 
 from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.moon import model_contrastive_loss, moon_loss
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -105,7 +106,7 @@ def test_mu_zero_is_fedavg_and_the_trained_model_becomes_prev(sims):
 
     def run(sim, state):
         torch.manual_seed(7)
-        return sim.algo.client_update(env, payload, state, 2, "train")
+        return sim.algo.client_update(env, payload, state, RoundContext(2))
 
     base = run(fedavg, {})
     zero = run(moon0, {"prev": prev})
@@ -191,13 +192,13 @@ def test_one_client_step_by_hand():
     model = env.model("check")
     g1 = sim.server["weights"]
     prev0 = _perturbed(g1, 0.3, 1)
-    out1 = sim.algo.client_update(env, {"weights": g1}, {"prev": prev0}, 1, "train")
+    out1 = sim.algo.client_update(env, {"weights": g1}, {"prev": prev0}, RoundContext(1))
     want1 = _moon_step(model, g1, g1, prev0, x, y, 2.0, 0.5, 0.1)
     for k, v in want1.items():
         assert torch.allclose(out1.upload["weights"][k], v, atol=1e-6), k
     # round 2: a new global model; the previous model is round 1's trained one
     g2 = _perturbed(g1, 0.2, 2)
-    out2 = sim.algo.client_update(env, {"weights": g2}, out1.state, 2, "train")
+    out2 = sim.algo.client_update(env, {"weights": g2}, out1.state, RoundContext(2))
     want2 = _moon_step(model, g2, g2, want1, x, y, 2.0, 0.5, 0.1)
     for k, v in want2.items():
         assert torch.allclose(out2.upload["weights"][k], v, atol=1e-6), k
@@ -246,7 +247,7 @@ def test_a_first_selection_in_a_later_round_by_hand(first_prev):
     init = sim.server["weights"]
     g = _perturbed(init, 0.3, 5)
     payload = sim.algo.configure(sim.senv, {**sim.server, "weights": g}, 1, 4, "train")
-    out = sim.algo.client_update(env, payload, {}, 4, "train")
+    out = sim.algo.client_update(env, payload, {}, RoundContext(4))
     model = env.model("check")
     mu = 2.0 if first_prev == "initial" else 0.0
     want = _moon_step(model, g, g, init, x, y, mu, 0.5, 0.1)

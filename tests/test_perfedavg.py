@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pflkit.algorithms.context import RoundContext
 from split_helpers import one_client
 
 # inputs of 2 numbers, 2 classes; softmax regression (mlp []: head only)
@@ -68,7 +69,7 @@ def test_client_update_is_maml_steps_with_alpha_inside_and_beta_outside_by_hand(
     )  # fmt: skip
     want, want_loss = hand_round(n, variant, seed=11)
     torch.manual_seed(11)
-    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    upd = algo.client_update(env, {"weights": start()}, {}, RoundContext(1))
     for key in want:
         assert torch.allclose(upd.upload["weights"][key].double(), want[key], atol=2e-6), key
     assert upd.metrics["train_loss"] == pytest.approx(want_loss, rel=1e-6)
@@ -93,13 +94,13 @@ def test_the_scored_model_is_one_alpha_step_from_the_latest_w_by_hand():
     itself is the global model."""
     algo, senv, env = perfedavg()
     server = {"weights": {k: v + 0.1 for k, v in start().items()}}
-    view = algo.eval_view(senv, server, 0)
+    view = algo.eval_view(senv, server, 0, 1)
     torch.manual_seed(4)
     first = torch.randperm(6)[:1]
     torch.manual_seed(4)
-    got = algo.personal_weights(env, view, {})
+    got = algo.personal_weights(env, view, {}, RoundContext(1))
     w = {k: v.double() for k, v in server["weights"].items()}
     g, _ = h_grad(w, first)
     for k in w:
         assert torch.allclose(got[k].double(), w[k] - ALPHA * g[k], atol=1e-6), k
-    assert algo.global_weights(senv, server) is server["weights"]
+    assert algo.global_weights(senv, server, 1) is server["weights"]

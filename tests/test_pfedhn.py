@@ -13,6 +13,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms.base import nbytes, train_from
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.pfedhn import generate, hypernet_grads
 from pflkit.engine import Simulation
 from pflkit.engine.clients import seed_torch
@@ -86,7 +87,7 @@ def test_payload_is_the_generated_model(tiny):
         want = (h["weight"].numpy() @ v + h["bias"].numpy()).reshape(tuple(s))
         np.testing.assert_allclose(payload["weights"][k].numpy(), want, rtol=1e-6, atol=1e-6)
     assert list(payload) == ["weights"]  # phi and the embeddings never leave the server
-    assert sim.algo.eval_view(sim.senv, server, 1)["weights"].keys() == payload["weights"].keys()
+    assert sim.algo.eval_view(sim.senv, server, 1, 1)["weights"].keys() == payload["weights"].keys()
 
 
 def _check_plain_step(server, new, delta, v, lr, atol):
@@ -164,9 +165,11 @@ def test_client_uploads_the_change_of_its_local_training(tiny):
     env = sim.envs[0]
     payload = sim.algo.configure(sim.senv, sim.server, 0, 1, "train")
     seed_torch(0, 1, 0, 0)
-    upd = sim.algo.client_update(env, payload, {}, 1, "train")
+    upd = sim.algo.client_update(env, payload, {}, RoundContext(1))
     seed_torch(0, 1, 0, 0)
-    trained, _ = train_from(env, payload["weights"])  # FedAvg's local step from theta_i
+    trained, _ = train_from(
+        env, payload["weights"], RoundContext(1)
+    )  # FedAvg's local step from theta_i
     assert list(upd.upload) == ["delta"]
     for k, d in upd.upload["delta"].items():
         assert torch.allclose(d, trained[k] - payload["weights"][k], atol=1e-7), k

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pflkit.algorithms.context import RoundContext
 from split_helpers import one_client
 
 # inputs of 2 numbers, 2 classes; softmax regression (mlp []: head only); full batch
@@ -57,7 +58,7 @@ def test_client_update_by_hand(steps):
     """R = ``local_steps`` full-batch steps (the same batch each time, so theta's warm start
     shows): w uploaded, the last theta kept as the personalized model."""
     algo, senv, env = pfedme(local_steps=steps)
-    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    upd = algo.client_update(env, {"weights": start()}, {}, RoundContext(1))
     want_w, want_theta, want_loss = hand_round(steps)
     for k in want_w:
         assert torch.allclose(upd.upload["weights"][k].double(), want_w[k], atol=1e-6), k
@@ -72,7 +73,7 @@ def test_local_steps_default_to_epochs_of_batches():
         {"name": "pfedme", "lam": LAM, "inner_steps": K, "personal_lr": PLR},
         X, Y, 2, lr=LR, local_epochs=2,
     )  # fmt: skip
-    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    upd = algo.client_update(env, {"weights": start()}, {}, RoundContext(1))
     want_w, want_theta, _ = hand_round(2)
     for k in want_w:
         assert torch.allclose(upd.upload["weights"][k].double(), want_w[k], atol=1e-6), k
@@ -98,18 +99,21 @@ def test_aggregate_mixes_the_plain_mean_with_beta():
 
 def test_the_scored_model_is_theta_and_the_global_model_is_w():
     algo, senv, env = pfedme(local_steps=2)
-    assert algo.personal_weights(env, {"weights": start()}, algo.client_init(env)) is None
-    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    assert (
+        algo.personal_weights(env, {"weights": start()}, algo.client_init(env), RoundContext(1))
+        is None
+    )
+    upd = algo.client_update(env, {"weights": start()}, {}, RoundContext(1))
     server = algo.aggregate(senv, {"weights": start()}, {0: upd.upload}, 1, "train")
-    view = algo.eval_view(senv, server, 0)
-    got = algo.personal_weights(env, view, upd.state)
+    view = algo.eval_view(senv, server, 0, 1)
+    got = algo.personal_weights(env, view, upd.state, RoundContext(1))
     want_w, want_theta, _ = hand_round(2)
     for k in want_theta:
         assert torch.allclose(got[k].double(), want_theta[k], atol=1e-6), k
         assert torch.allclose(view["weights"][k].double(), want_w[k], atol=1e-6), k
     # the personalized model differs from w: the test tells them apart
     assert not torch.allclose(want_theta["head.weight"], want_w["head.weight"], atol=1e-3)
-    trained = algo.trained_weights(env, view, upd.upload, upd.state)
+    trained = algo.trained_weights(env, view, upd.upload, upd.state, RoundContext(1))
     assert all(torch.equal(trained[k], got[k]) for k in got)
 
 
@@ -137,7 +141,7 @@ def hand_round_with_decay(steps, mu):
 
 def test_theta_decay_adds_mu_theta_to_every_inner_step():
     algo, senv, env = pfedme(local_steps=2, theta_decay=0.5)
-    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    upd = algo.client_update(env, {"weights": start()}, {}, RoundContext(1))
     want_w, want_theta, want_loss = hand_round_with_decay(2, 0.5)
     for k in want_w:
         assert torch.allclose(upd.upload["weights"][k].double(), want_w[k], atol=1e-6), k
@@ -148,7 +152,7 @@ def test_theta_decay_adds_mu_theta_to_every_inner_step():
     assert (want_theta["head.weight"] - plain_theta["head.weight"]).abs().max() > 1e-2
     # mu = 0 is the paper's step
     algo0, _, env0 = pfedme(local_steps=2, theta_decay=0.0)
-    upd0 = algo0.client_update(env0, {"weights": start()}, {}, 1, "train")
+    upd0 = algo0.client_update(env0, {"weights": start()}, {}, RoundContext(1))
     for k in plain_theta:
         assert torch.allclose(upd0.state["personal"][k].double(), plain_theta[k], atol=1e-6), k
 
@@ -157,14 +161,16 @@ def test_scored_global_scores_the_global_model_as_pfllib_does():
     """``scored: global``: the personalized accuracy scores the global model (the server's w),
     and under MAP's protocol the uploaded w, not theta."""
     algo, senv, env = pfedme(local_steps=2, scored="global")
-    upd = algo.client_update(env, {"weights": start()}, {}, 1, "train")
+    upd = algo.client_update(env, {"weights": start()}, {}, RoundContext(1))
     server = algo.aggregate(senv, {"weights": start()}, {0: upd.upload}, 1, "train")
-    view = algo.eval_view(senv, server, 0)
-    assert algo.personal_weights(env, view, upd.state) is None  # None: view["weights"], w
+    view = algo.eval_view(senv, server, 0, 1)
+    assert (
+        algo.personal_weights(env, view, upd.state, RoundContext(1)) is None
+    )  # None: view["weights"], w
     want_w, want_theta, _ = hand_round(2)
     for k in want_w:
         assert torch.allclose(view["weights"][k].double(), want_w[k], atol=1e-6), k
-    trained = algo.trained_weights(env, view, upd.upload, upd.state)
+    trained = algo.trained_weights(env, view, upd.upload, upd.state, RoundContext(1))
     for k in want_w:
         assert torch.allclose(trained[k].double(), want_w[k], atol=1e-6), k
     assert not torch.allclose(want_theta["head.weight"], want_w["head.weight"], atol=1e-3)

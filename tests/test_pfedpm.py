@@ -14,6 +14,7 @@ from torch import nn
 
 from conftest import tiny_config
 from pflkit.algorithms import parse_params
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.pfedpm import (
     RelationClassifier,
     RelationModule,
@@ -129,7 +130,7 @@ def test_anchors_are_built_once_from_last_rounds_prototypes(runs):
     before = sim.clients[2]
     payload = a.configure(sim.senv, sim.server, 2, 4, "train")
     torch.manual_seed(0)
-    upload, state, metrics = a.client_update(env, payload, before, 4, "train")
+    upload, state, metrics = a.client_update(env, payload, before, RoundContext(4))
     prev = dict(zip(before["protos"]["classes"].tolist(), before["protos"]["protos"], strict=True))
     glob = dict(zip(payload["classes"].tolist(), payload["protos"], strict=True))
     assert state["anchors"]["classes"].tolist() == sorted(glob) == list(range(10))
@@ -195,7 +196,7 @@ def test_relation_inference_is_the_argmax_over_anchored_classes():
 def test_relation_scoring_model_uses_the_clients_relation_module_and_anchors(runs):
     sim = runs["relation"][0]
     a, env, state = sim.algo, sim.envs[0], sim.clients[0]
-    scorer = a.scoring_model(env, a.personal_weights(env, {}, state)).eval()
+    scorer = a.scoring_model(env, a.personal_weights(env, {}, state, RoundContext(1))).eval()
     x = env.data.test_x
     with torch.no_grad():
         out = scorer(x)
@@ -349,7 +350,7 @@ def test_one_relation_step_by_hand():
     prev = torch.randn(len(held), d, generator=g)
     state["protos"] = {"classes": held, "protos": prev}
     payload = {"classes": torch.arange(k_all), "protos": glob}
-    upload, new, _ = sim.algo.client_update(env, payload, state, 2, "train")
+    upload, new, _ = sim.algo.client_update(env, payload, state, RoundContext(2))
     # Eq. 8: every class has a global prototype; the held ones mix in the client's own
     anchors = glob.clone()
     anchors[held] = a * prev + (1 - a) * glob[held]

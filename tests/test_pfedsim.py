@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from conftest import tiny_config
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.pfedsim import (
     CODE_SELF_WEIGHT,
     aggregation_weights,
@@ -273,7 +274,7 @@ def test_warmup_averages_whole_models_by_training_set_size():
     for k, v in new["weights"].items():  # (1 * 1 + 3 * 5) / 4, the classifier included
         assert torch.equal(v, torch.full_like(v, 4.0)), k
     assert new["personal"] == {} and not new["phi"].any()
-    assert algo.global_weights(senv, new) is new["weights"]  # scored during the warm-up
+    assert algo.global_weights(senv, new, 2) is new["weights"]  # scored during the warm-up
 
 
 def hand_phi(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -346,8 +347,9 @@ def test_the_model_scored_is_the_clients_stored_model():
     algo, senv, envs = hand_pfedsim()
     server = algo.server_init(senv)
     server = {**server, "weights": filled(server, 10.0), "personal": {1: filled(server, 2.0)}}
-    server["round"] = 3
     for cid, want in ((1, 2.0), (2, 10.0)):  # client 2: not trained since the warm-up
-        scored = algo.personal_weights(envs[cid], algo.eval_view(senv, server, cid), {})
+        view = algo.eval_view(senv, server, cid, 3)
+        scored = algo.personal_weights(envs[cid], view, {}, RoundContext(3, "evaluate"))
         assert all(torch.equal(v, torch.full_like(v, want)) for v in scored.values()), cid
-    assert algo.global_weights(senv, server) is None  # no global model after the warm-up
+    assert algo.global_weights(senv, server, 2) is server["weights"]  # the warm-up's last round
+    assert algo.global_weights(senv, server, 3) is None  # no global model after the warm-up

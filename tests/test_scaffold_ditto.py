@@ -12,10 +12,10 @@ from pflkit.algorithms.base import nbytes, parse_params, train_from
 from pflkit.algorithms.blocks.training import (
     cross_entropy,
     get_weights,
-    local_optim,
     proximal_loss,
     set_weights,
 )
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.ditto import Ditto, smooth_l1_proximal_loss
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.scaffold import (
@@ -53,16 +53,17 @@ def _missing_classes(sim, cid):
 # -- SCAFFOLD: client step -----------------------------------------------------------------------
 @pytest.mark.parametrize("factor", [1.0, 0.1])
 def test_scaffold_client_step_matches_option_ii_on_a_quadratic(tiny, factor):
-    """``factor``: the round's train.lr_schedule factor (the engine wraps each client step in
-    local_optim): the steps run at lr x factor, and the control divides by that step size."""
+    """``factor``: the round's train.lr_schedule factor (the engine passes it in each client
+    step's round context): the steps run at lr x factor, and the control divides by that step
+    size."""
     sim = Simulation(tiny(algorithm={"name": "scaffold"}))
     env = sim.envs[0]
     torch.manual_seed(0)
     x = sim.server["weights"]
     params = zero_control(env.model())
     a, c, ci = (_randn_like(params) for _ in range(3))
-    with local_optim("sgd", factor):
-        step = scaffold_local_steps(env, x, c, ci, loss_fn=_quadratic(a), lr=0.05)
+    ctx = RoundContext(1, lr_factor=factor)
+    step = scaffold_local_steps(env, x, c, ci, ctx, loss_fn=_quadratic(a), lr=0.05)
     lr = 0.05 * factor
     n = len(env.data.train_y)
     k_steps = math.ceil(n / env.run.train.batch_size)  # one epoch
@@ -86,14 +87,15 @@ def test_scaffold_with_zero_controls_is_fedavg_step_without_momentum(tiny):
     env, x = sim.envs[0], sim.server["weights"]
     zero = zero_control(env.model())
     seed_torch(0, 1, 0, 0)
-    step = scaffold_local_steps(env, x, zero, None)
+    ctx = RoundContext(1)
+    step = scaffold_local_steps(env, x, zero, None, ctx)
     seed_torch(0, 1, 0, 0)
-    plain, loss = train_from(env, x, momentum=0.0)  # FedAvg's client step, no momentum
+    plain, loss = train_from(env, x, ctx, momentum=0.0)  # FedAvg's client step, no momentum
     for k in x:
         assert torch.equal(step.weights[k], plain[k])
     assert step.loss == pytest.approx(loss)
     seed_torch(0, 1, 0, 0)
-    with_momentum, _ = train_from(env, x)  # the config's momentum is not used
+    with_momentum, _ = train_from(env, x, ctx)  # the config's momentum is not used
     assert any(not torch.equal(step.weights[k], with_momentum[k]) for k in x)
 
 
@@ -109,17 +111,17 @@ def test_scaffold_correction_moves_an_unused_row_by_exactly_k_lr_c_minus_ci(tiny
     assert missing
     zero = zero_control(env.model())
     payload = {"weights": x, "control": zero}
-    up = algo.client_update(env, payload, {}, 1, "train").upload
+    up = algo.client_update(env, payload, {}, RoundContext(1)).upload
     for key in ("head.weight", "head.bias"):
         assert torch.equal(up["delta_y"][key][missing], torch.zeros_like(x[key][missing]))
         assert up["delta_y"][key].abs().sum() > 0  # observed classes do learn
-    plain = Scaffold(Scaffold.Params()).client_update(env, payload, {}, 1, "train").upload
+    plain = Scaffold(Scaffold.Params()).client_update(env, payload, {}, RoundContext(1)).upload
     assert plain["delta_y"]["head.weight"][missing].abs().sum() > 0
 
     torch.manual_seed(1)
     c, ci = _randn_like(zero), _randn_like(zero)
     state = {"control": ci}
-    update = algo.client_update(env, {"weights": x, "control": c}, state, 1, "train")
+    update = algo.client_update(env, {"weights": x, "control": c}, state, RoundContext(1))
     k_steps = math.ceil(len(env.data.train_y) / cfg.train.batch_size)
     lr = cfg.train.lr
     for key in ("head.weight", "head.bias"):
@@ -132,10 +134,10 @@ def test_scaffold_correction_moves_an_unused_row_by_exactly_k_lr_c_minus_ci(tiny
         assert torch.allclose(new_ci[k], expect, atol=1e-4)
     # ScaRS scores the global model by default, like FedRS; MAP's protocol and
     # personal="local" score the client's model after local training, y = x + delta y
-    assert algo.personal_weights(env, {}, update.state) is None
+    assert algo.personal_weights(env, {}, update.state, RoundContext(1)) is None
     algo.params.personal = "local"
-    update = algo.client_update(env, {"weights": x, "control": c}, state, 1, "train")
-    pw = algo.personal_weights(env, {}, update.state)
+    update = algo.client_update(env, {"weights": x, "control": c}, state, RoundContext(1))
+    pw = algo.personal_weights(env, {}, update.state, RoundContext(1))
     assert all(torch.allclose(pw[k], x[k] + update.upload["delta_y"][k]) for k in x)
 
 
@@ -148,7 +150,9 @@ def test_scaffold_client_update_by_hand(tiny):
     torch.manual_seed(1)
     c, ci = _randn_like(x, 0.3), _randn_like(x, 0.3)
     torch.manual_seed(6)
-    update = sim.algo.client_update(env, {"weights": x, "control": c}, {"control": ci}, 1, "train")
+    update = sim.algo.client_update(
+        env, {"weights": x, "control": c}, {"control": ci}, RoundContext(1)
+    )
     torch.manual_seed(6)
     shift = {k: c[k] - ci[k] for k in x}
     y = hand_sgd(x, d.train_x, d.train_y, lr=0.05, epochs=2, shift=shift)
@@ -180,7 +184,9 @@ def test_scars_client_update_is_scaffold_on_the_rs_loss_by_hand(tiny):
     torch.manual_seed(2)
     c, ci = _randn_like(x, 0.3), _randn_like(x, 0.3)
     torch.manual_seed(8)
-    update = sim.algo.client_update(env, {"weights": x, "control": c}, {"control": ci}, 1, "train")
+    update = sim.algo.client_update(
+        env, {"weights": x, "control": c}, {"control": ci}, RoundContext(1)
+    )
     torch.manual_seed(8)
     shift = {k: c[k] - ci[k] for k in x}
     y = hand_sgd(x, d.train_x, d.train_y, rs_ce(d.train_y, alpha), lr=0.05, shift=shift)
@@ -303,25 +309,25 @@ def test_ditto_upload_is_fedavg_client_update_and_personal_model_persists(tiny):
     algo, env, w = sim.algo, sim.envs[0], sim.server["weights"]
     fedavg = FedAvg(FedAvg.Params())
     seed_torch(0, 1, 0, 0)
-    ref = fedavg.client_update(env, {"weights": w}, {}, 1, "train").upload
+    ref = fedavg.client_update(env, {"weights": w}, {}, RoundContext(1)).upload
     torch.manual_seed(4)
     v0 = {k: t + 0.1 * torch.randn_like(t) for k, t in w.items()}
     seed_torch(0, 1, 0, 0)
-    update = algo.client_update(env, {"weights": w}, {"personal": v0}, 1, "train")
+    update = algo.client_update(env, {"weights": w}, {"personal": v0}, RoundContext(1))
     assert update.upload.keys() == {"weights", "num_samples"}
     for k in w:  # the global branch is exactly FedAvg's client update
         assert torch.equal(update.upload["weights"][k], ref["weights"][k])
     # the personal branch continues from the stored v (not from w) on CE + lam/2 ||v - w||^2
     seed_torch(0, 1, 0, 0)
-    train_from(env, w)  # the global branch's draws
-    expect, _ = train_from(env, v0, epochs=2, loss_fn=proximal_loss(w, 0.5))
+    train_from(env, w, RoundContext(1))  # the global branch's draws
+    expect, _ = train_from(env, v0, RoundContext(1), epochs=2, loss_fn=proximal_loss(w, 0.5))
     v1 = update.state["personal"]
     for k in w:
         assert torch.equal(v1[k], expect[k])
-    assert algo.personal_weights(env, {}, update.state) is v1
+    assert algo.personal_weights(env, {}, update.state, RoundContext(1)) is v1
     # a first participation starts the personal model from the downloaded global model
     seed_torch(0, 1, 0, 0)
-    fresh = algo.client_update(env, {"weights": w}, {}, 1, "train").state["personal"]
+    fresh = algo.client_update(env, {"weights": w}, {}, RoundContext(1)).state["personal"]
     assert any(not torch.equal(fresh[k], v1[k]) for k in w)
 
     # across rounds in the engine: the personal model lives in client state and is scored
@@ -329,7 +335,7 @@ def test_ditto_upload_is_fedavg_client_update_and_personal_model_persists(tiny):
     p1 = {c: s["personal"] for c, s in sim.clients.items()}
     sim.run_round(2)
     for cid, s in sim.clients.items():
-        assert algo.personal_weights(sim.envs[cid], {}, s) is s["personal"]
+        assert algo.personal_weights(sim.envs[cid], {}, s, RoundContext(1)) is s["personal"]
         assert any(not torch.equal(s["personal"][k], p1[cid][k]) for k in w)
         assert any(not torch.equal(s["personal"][k], sim.server["weights"][k]) for k in w)
 
@@ -369,13 +375,16 @@ def test_ditto_client_update_by_hand(tiny):
     for start in (v0, None):
         torch.manual_seed(9)
         state = {} if start is None else {"personal": start}
-        update = sim.algo.client_update(env, {"weights": w_t}, state, 1, "train")
+        update = sim.algo.client_update(env, {"weights": w_t}, state, RoundContext(1))
         torch.manual_seed(9)
         w_k = hand_sgd(w_t, d.train_x, d.train_y, lr=0.05)
         v = hand_sgd(start or w_t, d.train_x, d.train_y, h, lr=0.02, epochs=2)
         assert_close(update.upload["weights"], w_k)
         assert_close(update.state["personal"], v)
-        assert sim.algo.personal_weights(env, {}, update.state) is update.state["personal"]
+        assert (
+            sim.algo.personal_weights(env, {}, update.state, RoundContext(1))
+            is update.state["personal"]
+        )
 
 
 def test_dittors_client_update_by_hand(tiny):
@@ -390,7 +399,7 @@ def test_dittors_client_update_by_hand(tiny):
         return ce(v, x, y) + lam / 2 * sum(((v[k] - w_t[k]) ** 2).sum() for k in v)
 
     torch.manual_seed(4)
-    update = sim.algo.client_update(env, {"weights": w_t}, {}, 1, "train")
+    update = sim.algo.client_update(env, {"weights": w_t}, {}, RoundContext(1))
     torch.manual_seed(4)
     w_k = hand_sgd(w_t, d.train_x, d.train_y, rs_ce(d.train_y, alpha), lr=0.05)
     v = hand_sgd(w_t, d.train_x, d.train_y, h, lr=0.05)
@@ -403,7 +412,7 @@ def test_dittors_global_branch_uses_rs_and_personal_branch_plain_ce(tiny):
     sim = Simulation(tiny(algorithm=algo_cfg, data=PATHOLOGICAL))
     missing = _missing_classes(sim, 0)
     w = sim.server["weights"]
-    update = sim.algo.client_update(sim.envs[0], {"weights": w}, {}, 1, "train")
+    update = sim.algo.client_update(sim.envs[0], {"weights": w}, {}, RoundContext(1))
     up, v = update.upload["weights"], update.state["personal"]
     for key in ("head.weight", "head.bias"):
         assert torch.equal(up[key][missing], w[key][missing])  # RS, alpha = 0: no gradient

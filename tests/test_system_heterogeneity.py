@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_config
 from pflkit.algorithms.blocks.training import steps_per_epoch
 from pflkit.engine import Simulation
-from pflkit.engine.clients import InProcess, ProcessPool, system_draw
+from pflkit.engine.clients import InProcess, ProcessPool, TrainJob, system_draw
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
 
@@ -31,13 +31,15 @@ class Recording(InProcess):
         self.uploads: dict[int, dict] = {}
         self.steps: dict[tuple[int, int], int] = {}
 
-    def train(self, rnd, p, phase, payloads):
-        out = {}
-        for cid, payload in payloads.items():
+    def run(self, algo, envs, jobs, meanwhile=None):
+        if not jobs or not isinstance(jobs[0], TrainJob):
+            return super().run(algo, envs, jobs, meanwhile)
+        rnd, out = jobs[0].ctx.round, {}
+        for job in jobs:
             before = Counting.calls
-            out |= super().train(rnd, p, phase, {cid: payload})
-            self.steps[rnd, cid] = Counting.calls - before
-        self.uploads[rnd] = {cid: upload for cid, (upload, _) in out.items()}
+            out |= super().run(algo, envs, [job])
+            self.steps[rnd, job.cid] = Counting.calls - before
+        self.uploads[rnd] = {cid: update.upload for cid, update in out.items()}
         return out
 
 

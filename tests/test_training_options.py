@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pflkit.algorithms.blocks.training import crop_flip, local_optim, local_sgd, steps_per_epoch
+from pflkit.algorithms.blocks.training import LocalOptim, crop_flip, local_sgd, steps_per_epoch
 from pflkit.config import lr_factor
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -77,8 +77,8 @@ def test_adam_first_step_moves_each_weight_by_lr_against_its_gradient_sign():
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
     before = model.weight.detach().clone()
     grad = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), model.weight)[0]
-    with local_optim("adam", lr_scale=0.5):
-        local_sgd(model, x, y, epochs=1, batch_size=4, lr=0.02)
+    optim = LocalOptim("adam", lr_factor=0.5)
+    local_sgd(model, x, y, epochs=1, batch_size=4, lr=0.02, optim=optim)
     assert model.weight.detach() - before == pytest.approx(-0.01 * grad.sign(), abs=1e-6)
 
 
@@ -167,7 +167,7 @@ def test_augmenting_non_images_is_refused(tiny):
         Simulation(cfg)
 
 
-def _batch_sizes(n: int, batch_size: int, epochs: int, **optim) -> list[int]:
+def _batch_sizes(n: int, batch_size: int, epochs: int, drop_last: bool = False) -> list[int]:
     seen: list[int] = []
 
     def loss_fn(m, xb, yb):
@@ -176,11 +176,12 @@ def _batch_sizes(n: int, batch_size: int, epochs: int, **optim) -> list[int]:
 
     torch.manual_seed(0)
     x, y = torch.randn(n, 3), torch.arange(n) % 2
-    with local_optim("sgd", **optim):
-        local_sgd(
-            nn.Linear(3, 2), x, y, epochs=epochs, batch_size=batch_size, lr=0.1, loss_fn=loss_fn
-        )
-        assert steps_per_epoch(n, batch_size) * epochs == len(seen)
+    optim = LocalOptim(drop_last=drop_last)
+    model = nn.Linear(3, 2)
+    local_sgd(
+        model, x, y, epochs=epochs, batch_size=batch_size, lr=0.1, loss_fn=loss_fn, optim=optim
+    )
+    assert steps_per_epoch(n, batch_size, drop_last) * epochs == len(seen)
     return seen
 
 
@@ -196,12 +197,11 @@ def test_drop_last_skips_each_epochs_short_batch():
 def test_the_engine_applies_train_drop_last(tiny, monkeypatch):
     """train.drop_last reaches the local_sgd calls of a round (the engine's round context)."""
     from pflkit.algorithms import env as env_module
-    from pflkit.algorithms.blocks import training
 
     seen = []
 
     def recording(*a, **kw):
-        seen.append(training._LOCAL_OPTIM.get().drop_last)
+        seen.append(kw["optim"].drop_last)
         return local_sgd(*a, **kw)
 
     monkeypatch.setattr(env_module, "local_sgd", recording)

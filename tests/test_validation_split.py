@@ -228,9 +228,9 @@ def test_one_set_of_weights_is_scored_on_both_splits(monkeypatch):
     calls = []
     real = FedAvgFT.personal_weights
 
-    def counted(self, env, view, state):
+    def counted(self, env, view, state, ctx):
         calls.append(env.cid)
-        return real(self, env, view, state)
+        return real(self, env, view, state, ctx)
 
     monkeypatch.setattr(FedAvgFT, "personal_weights", counted)
     _, rows = run(rounds=1, algorithm={"name": "fedavg_ft"}, data={"val_fraction": 0.2})

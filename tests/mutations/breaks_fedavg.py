@@ -63,8 +63,8 @@ BREAKS = [
         "local",
         "Local restarts from a fresh model every round",
         "algorithms/local.py",
-        'weights, loss = train_from(env, state["weights"])',
-        "weights, loss = train_from(env, env.init_weights())",
+        'weights, loss = train_from(env, state["weights"], ctx)',
+        "weights, loss = train_from(env, env.init_weights(), ctx)",
         LOCAL,
     ),
     # -- FedAvg ------------------------------------------------------------------------------------
@@ -96,8 +96,8 @@ BREAKS = [
         "fedavg",
         "client runs one epoch whatever E",
         "algorithms/fedavg.py",
-        'weights, loss = train_from(env, payload["weights"], loss_fn=loss_fn)',
-        'weights, loss = train_from(env, payload["weights"], loss_fn=loss_fn, epochs=1)',
+        'weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn)',
+        'weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn, epochs=1)',
         FEDAVG,
     ),
     # -- FedAvg-FT ---------------------------------------------------------------------------------
@@ -179,8 +179,8 @@ BREAKS = [
         "scaffold",
         "control update at the unscheduled lr",
         "algorithms/scaffold.py",
-        "k_steps, step_lr = env.work_steps(steps), scheduled_lr(lr)",
-        "k_steps, step_lr = env.work_steps(steps), lr",
+        "k_steps, step_lr = ctx.work_steps(steps), ctx.lr_factor * lr",
+        "k_steps, step_lr = ctx.work_steps(steps), lr",
         SCAFFOLD,
     ),
     Break(

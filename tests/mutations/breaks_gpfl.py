@@ -100,8 +100,8 @@ BREAKS += [
         "fedper",
         "trains the head only",
         "algorithms/fedper.py",
-        "        return env.train(model)",
-        '        return env.train(model, params=model.group_params("head"))',
+        "        return env.train(model, ctx)",
+        '        return env.train(model, ctx, params=model.group_params("head"))',
         FEDPER,
     ),
     Break(
@@ -150,29 +150,29 @@ BREAKS += [
         "body epochs before head epochs",
         "algorithms/fedrep.py",
         "        if p.head_epochs:\n"
-        "            losses.append(env.train(model, epochs=p.head_epochs, params=head))\n"
+        "            losses.append(env.train(model, ctx, epochs=p.head_epochs, params=head))\n"
         "        if body_epochs:\n"
-        "            losses.append(env.train(model, epochs=body_epochs, params=body))",
+        "            losses.append(env.train(model, ctx, epochs=body_epochs, params=body))",
         "        if body_epochs:\n"
-        "            losses.append(env.train(model, epochs=body_epochs, params=body))\n"
+        "            losses.append(env.train(model, ctx, epochs=body_epochs, params=body))\n"
         "        if p.head_epochs:\n"
-        "            losses.append(env.train(model, epochs=p.head_epochs, params=head))",
+        "            losses.append(env.train(model, ctx, epochs=p.head_epochs, params=head))",
         FEDREP,
     ),
     Break(
         "fedrep",
         "head epochs train the body too",
         "algorithms/fedrep.py",
-        "losses.append(env.train(model, epochs=p.head_epochs, params=head))",
-        "losses.append(env.train(model, epochs=p.head_epochs))",
+        "losses.append(env.train(model, ctx, epochs=p.head_epochs, params=head))",
+        "losses.append(env.train(model, ctx, epochs=p.head_epochs))",
         FEDREP,
     ),
     Break(
         "fedrep",
         "head phase runs body_epochs",
         "algorithms/fedrep.py",
-        "losses.append(env.train(model, epochs=p.head_epochs, params=head))",
-        "losses.append(env.train(model, epochs=body_epochs, params=head))",
+        "losses.append(env.train(model, ctx, epochs=p.head_epochs, params=head))",
+        "losses.append(env.train(model, ctx, epochs=body_epochs, params=head))",
         FEDREP,
     ),
     Break(
@@ -269,7 +269,7 @@ BREAKS += [
         "perfedavg",
         "scores the meta-model w unadapted",
         "algorithms/perfedavg.py",
-        '        return self.adapt(env, view["weights"])',
+        '        return self.adapt(env, view["weights"], ctx)',
         "        return None",
         PERFEDAVG,
     ),
@@ -277,8 +277,8 @@ BREAKS += [
         "perfedavg",
         "adaptation step of size beta",
         "algorithms/perfedavg.py",
-        "adapted, _ = train_from(env, weights, steps=1, lr=self._alpha(env), loss_fn=cross_entropy)",
-        "adapted, _ = train_from(env, weights, steps=1, lr=self.params.beta, loss_fn=cross_entropy)",
+        "env, weights, ctx, steps=1, lr=self._alpha(env), loss_fn=cross_entropy",
+        "env, weights, ctx, steps=1, lr=self.params.beta, loss_fn=cross_entropy",
         PERFEDAVG,
     ),
     Break(

@@ -306,8 +306,8 @@ BREAKS = [
         "pfeddf",
         "scores the prototype before fine-tuning",
         "algorithms/feddf.py",
-        '        weights, _ = train_from(env, view["proto"], epochs=epochs)\n        return weights',
-        '        weights, _ = train_from(env, view["proto"], epochs=epochs)\n'
+        '        weights, _ = train_from(env, view["proto"], ctx, epochs=epochs)\n        return weights',
+        '        weights, _ = train_from(env, view["proto"], ctx, epochs=epochs)\n'
         '        return view["proto"]',
         PFEDDF,
     ),
@@ -323,8 +323,8 @@ BREAKS = [
         "pfeddf",
         "fine-tunes a fresh model, not the prototype",
         "algorithms/feddf.py",
-        'weights, _ = train_from(env, view["proto"], epochs=epochs)',
-        "weights, _ = train_from(env, env.init_weights(), epochs=epochs)",
+        'weights, _ = train_from(env, view["proto"], ctx, epochs=epochs)',
+        "weights, _ = train_from(env, env.init_weights(), ctx, epochs=epochs)",
         PFEDDF,
     ),
     # -- FedAwS ------------------------------------------------------------------------------------

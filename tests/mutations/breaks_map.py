@@ -89,8 +89,8 @@ BREAKS = [
         "map",
         "protocol scores every client",
         "engine/simulation.py",
-        "self.runner.evaluate(rnd, {cid: views[cid] for cid in uploads}, uploads)",
-        "self.runner.evaluate(rnd, views, uploads)",
+        "selected = [job(cid, upload) for cid, upload in uploads.items()]",
+        "selected = [job(cid, uploads.get(cid)) for cid in range(n)]",
         MAP,
     ),
     Break(
@@ -171,8 +171,8 @@ BREAKS = [
         "fedphp",
         "fine-tuning without KT from the HPM",
         "algorithms/blocks/hpm.py",
-        "loss = env.train(model, loss_fn=kt_loss(teacher, p), **train)",
-        "loss = env.train(model, **train)",
+        "loss = env.train(model, ctx, loss_fn=kt_loss(teacher, p), **train)",
+        "loss = env.train(model, ctx, **train)",
         FEDPHP,
     ),
     Break(
@@ -260,8 +260,8 @@ BREAKS = [
         "scamap",
         "stage B from the download, not from y",
         "algorithms/map.py",
-        "        upload, state, loss_a = self.stage_a(env, model, payload, state, steps_a)\n",
-        "        upload, state, loss_a = self.stage_a(env, model, payload, state, steps_a)\n"
+        "        upload, state, loss_a = self.stage_a(env, model, payload, state, ctx, steps_a)\n",
+        "        upload, state, loss_a = self.stage_a(env, model, payload, state, ctx, steps_a)\n"
         '        set_weights(model, payload["weights"])\n',
         SCAMAP,
     ),

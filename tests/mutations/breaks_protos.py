@@ -161,16 +161,16 @@ BREAKS = [
         "l2gd",
         "M_r as the number of local steps",
         "algorithms/l2gd.py",
-        'overrides["steps"] = coin_runs(env.run.seed, rnd, p.p)[0]',
-        'overrides["steps"] = coin_runs(env.run.seed, rnd, p.p)[1]',
+        'overrides["steps"] = coin_runs(env.run.seed, ctx.round, p.p)[0]',
+        'overrides["steps"] = coin_runs(env.run.seed, ctx.round, p.p)[1]',
         (LG + "test_local_phase_runs_L_r_plain_gradient_steps",),
     ),
     Break(
         "l2gd",
         "L_r as the number of aggregation steps",
         "algorithms/l2gd.py",
-        'steps = 1 if p.pulls == "one" else coin_runs(env.run.seed, rnd, p.p)[1]',
-        'steps = 1 if p.pulls == "one" else coin_runs(env.run.seed, rnd, p.p)[0]',
+        'steps = 1 if p.pulls == "one" else coin_runs(env.run.seed, ctx.round, p.p)[1]',
+        'steps = 1 if p.pulls == "one" else coin_runs(env.run.seed, ctx.round, p.p)[0]',
         (LG + "test_pull_phase_applies_M_r_aggregation_steps",),
     ),
     Break(
@@ -217,9 +217,9 @@ BREAKS = [
         "l2gd",
         "personalized model is x_bar",
         "algorithms/l2gd.py",
-        "    def personal_weights(self, env: ClientEnv, view: Payload, state: State):\n"
+        "    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):\n"
         '        return state["weights"]',
-        "    def personal_weights(self, env: ClientEnv, view: Payload, state: State):\n"
+        "    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):\n"
         "        return None",
         (LG + "test_scored_model_is_the_private_x_i",),
     ),
@@ -508,7 +508,7 @@ BREAKS = [
         "fednova",
         "prox factor from the unscheduled lr",
         "algorithms/fednova.py",
-        "eta = scheduled_lr(t.lr)  # the lr the steps ran at",
+        "eta = ctx.lr_factor * t.lr  # the lr the steps ran at",
         "eta = t.lr  # the lr the steps ran at",
         (NV + "test_prox_normaliser_uses_the_rounds_learning_rate",),
     ),

@@ -12,6 +12,7 @@ import pkgutil
 from pflkit.algorithms.base import (
     ALGORITHMS,
     Algorithm,
+    RoundContext,
     Update,
     build_algorithm,
     param,
@@ -23,7 +24,7 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 # modules that define the contract or environments, not algorithms
-NOT_ALGORITHMS = {"base", "env", "blocks"}
+NOT_ALGORITHMS = {"base", "context", "env", "blocks"}
 ALGORITHM_MODULES = sorted(
     m.name for m in pkgutil.iter_modules(__path__) if m.name not in NOT_ALGORITHMS
 )
@@ -35,6 +36,7 @@ __all__ = [
     "ALGORITHM_MODULES",
     "Algorithm",
     "ClientEnv",
+    "RoundContext",
     "ServerEnv",
     "Update",
     "build_algorithm",

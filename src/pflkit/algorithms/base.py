@@ -6,25 +6,28 @@ code runs in every engine (in-process, process pool, Flower), the engine counts 
 bytes exactly from the dicts, and every state can be checkpointed with ``torch.save``.
 
 The algorithm object holds only its validated :class:`Algorithm.Params`. Everything else
-arrives as an argument: client-side methods get that client's :class:`ClientEnv`, server-side
-methods the :class:`ServerEnv` (:mod:`pflkit.algorithms.env`). One round, as the engine runs it
-(``engine/simulation.py``)::
+arrives as an argument: client-side methods get that client's :class:`ClientEnv` and the
+:class:`RoundContext` of its round (round, phase, seed, the round's optimiser, learning-rate
+factor and drop_last, a straggler's work share; :mod:`pflkit.algorithms.context`), server-side
+methods the :class:`ServerEnv` (:mod:`pflkit.algorithms.env`) and the round. One round, as the
+engine runs it (``engine/simulation.py``)::
 
     for phase in algo.phases(rnd):                      # most algorithms: one phase
         for cid in selected:                            # same clients for every algorithm
             payload = algo.configure(senv, server, cid, rnd, phase)          # download
         # client runner (in-process, process pool or Flower), per client:
             upload, state[cid], metrics = algo.client_update(
-                envs[cid], payload, state[cid], rnd, phase)                  # client work
+                envs[cid], payload, state[cid], ctx)                         # client work
         server = algo.aggregate(senv, server, uploads, rnd, phase)
 
 Evaluation takes the same inputs in every engine: the server computes
-``view = eval_view(senv, server, cid)`` (default: the global model) and the client scores
-``personal_weights(env, view, state)`` (None: "the global model", ``view["weights"]``); MAP's
-protocol scores ``trained_weights(env, view, upload, state)``. ``global_weights(senv, server)``
-is the server's model on the global test set. Per-client private state (a personal model, a
-control variate, an HPM) starts as ``client_init(env)`` and lives with the client; per-client
-*server* state lives in the server dict.
+``view = eval_view(senv, server, cid, rnd)`` (default: the global model) and the client scores
+``personal_weights(env, view, state, ctx)`` (None: "the global model", ``view["weights"]``);
+MAP's protocol scores ``trained_weights(env, view, upload, state, ctx)``.
+``global_weights(senv, server, rnd)`` is the server's model on the global test set.
+Per-client private state (a personal model, a control variate, an HPM) starts as
+``client_init(env)`` and lives with the client; per-client *server* state lives in the server
+dict.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
 from pflkit.algorithms.blocks.tree import weighted_sum
+from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError, unknown_name
 from pflkit.strict import StrictNumbers
@@ -102,8 +106,9 @@ class Algorithm:
         return {"weights": server["weights"]}
 
     def client_update(
-        self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str
+        self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext
     ) -> Update:
+        """Client work in phase ``ctx.phase`` of round ``ctx.round``."""
         raise NotImplementedError
 
     def aggregate(
@@ -112,18 +117,23 @@ class Algorithm:
         raise NotImplementedError
 
     # -- evaluation ----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State) -> Weights | None:
-        """The server's model, scored on the global test set (None: the algorithm has none)."""
+    def global_weights(self, env: ServerEnv, server: State, rnd: int) -> Weights | None:
+        """The server's model after round ``rnd``, scored on the global test set (None: the
+        algorithm has none)."""
         return server.get("weights")
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
-        """What client ``cid`` needs from the server to evaluate: default the global model as
-        ``{"weights": ...}`` (nothing when there is none). Sent in every engine."""
-        gw = self.global_weights(env, server)
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
+        """What client ``cid`` needs from the server to evaluate after round ``rnd``: default
+        the global model as ``{"weights": ...}`` (nothing when there is none). Sent in every
+        engine."""
+        gw = self.global_weights(env, server, rnd)
         return {} if gw is None else {"weights": gw}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State) -> Weights | None:
-        """The client's personalized model; ``None`` means the global model."""
+    def personal_weights(
+        self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext
+    ) -> Weights | None:
+        """The client's personalized model; ``None`` means the global model. ``ctx`` is the
+        evaluation's round context (phase ``"evaluate"``), for a model that trains first."""
         return None
 
     def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:
@@ -137,12 +147,12 @@ class Algorithm:
         return model
 
     def trained_weights(
-        self, env: ClientEnv, view: Payload, upload: Upload, state: State
+        self, env: ClientEnv, view: Payload, upload: Upload, state: State, ctx: RoundContext
     ) -> Weights:
         """The client's model right after its local training in this round, for MAP's
         personalization protocol (selected clients, after local training): its personalized
         model if it keeps one, else the model it uploaded."""
-        personal = self.personal_weights(env, view, state)
+        personal = self.personal_weights(env, view, state, ctx)
         return personal if personal is not None else upload["weights"]
 
 
@@ -237,10 +247,13 @@ def build_algorithm(algo_cfg: Mapping[str, Any]) -> Algorithm:
     return cls(params)
 
 
-def train_from(env: ClientEnv, weights: Weights, slot: int | str = 0, **overrides: Any):
-    """Load ``weights`` into the client's reusable model, train it locally, return
-    ``(new weights, mean loss)``: the body of every FedAvg-like client step."""
+def train_from(
+    env: ClientEnv, weights: Weights, ctx: RoundContext, slot: int | str = 0, **overrides: Any
+):
+    """Load ``weights`` into the client's reusable model, train it locally in round context
+    ``ctx`` (:meth:`ClientEnv.train`), return ``(new weights, mean loss)``: the body of every
+    FedAvg-like client step."""
     model = env.model(slot)
     set_weights(model, weights)
-    loss = env.train(model, **overrides)
+    loss = env.train(model, ctx, **overrides)
     return get_weights(model), loss

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 
 from pflkit.algorithms.base import (
     Payload,
+    RoundContext,
     State,
     Update,
     Weighting,
@@ -98,13 +99,14 @@ class Ditto(FedAvg):
             return proximal_loss(w_global, p.lam)
         return smooth_l1_proximal_loss(w_global, p.lam)
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p, t = self.params, env.run.train
         w_t = payload["weights"]
-        glob = super().client_update(env, payload, state, rnd, phase)  # FedAvg's client step
+        glob = super().client_update(env, payload, state, ctx)  # FedAvg's client step
         personal, ploss = train_from(
             env,
             state.get("personal", w_t),
+            ctx,
             epochs=p.personal_epochs or t.local_epochs,
             lr=p.personal_lr or t.lr,
             loss_fn=self.personal_loss(w_t),
@@ -112,7 +114,7 @@ class Ditto(FedAvg):
         metrics = {**glob.metrics, "personal_loss": ploss}
         return Update(glob.upload, {**state, "personal": personal}, metrics)
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state.get("personal")
 
 

@@ -19,7 +19,6 @@ models per client per round.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from pflkit.algorithms.blocks.training import (
     local_sgd,
     steps_per_epoch,
 )
+from pflkit.algorithms.context import RoundContext
 from pflkit.config import SystemConfig, TrainConfig
 from pflkit.data.federated import ClientData
 from pflkit.models import PFLModel, build_model
@@ -107,9 +107,6 @@ class ClientEnv:
     models: ModelPool
     run: RunFacts
     public_x: Tensor | None = None
-    # the share of its local steps this client runs in the current round: below 1 for a
-    # straggler (``system.straggler_work``); set by the engine around ``client_update``
-    work: float = 1.0
 
     @property
     def num_train(self) -> int:
@@ -126,20 +123,13 @@ class ClientEnv:
     def init_weights(self) -> Weights:
         return self.models.init_weights(self.arch)
 
-    def work_steps(self, steps: int) -> int:
-        """How many of ``steps`` local steps this client runs this round: all of them, or a
-        straggler's ``max(1, floor(work * steps))`` (none of none)."""
-        if self.work >= 1 or steps == 0:
-            return steps
-        return max(1, math.floor(self.work * steps))
-
-    def train(self, model: nn.Module, **overrides: Any) -> float:
+    def train(self, model: nn.Module, ctx: RoundContext, **overrides: Any) -> float:
         """Local SGD on this client's training split with the run's optimiser settings;
         ``overrides`` replace any of local_sgd's keyword arguments (epochs, lr, loss_fn, ...).
         ``grad_hooks`` given here run after ``train.grad_clip``'s clipping, when it is set;
-        ``train.augment`` augments the batches (the engine sets the optimiser and the round's
-        learning-rate factor around the client's work: ``local_optim``). A straggler (``work``
-        below 1) runs :meth:`work_steps` of the steps asked for."""
+        ``train.augment`` augments the batches. The round context ``ctx`` gives the optimiser,
+        the round's learning-rate factor and drop_last (``ctx.optim``); a straggler (``ctx.work``
+        below 1) runs ``ctx.work_steps`` of the steps asked for."""
         t = self.run.train
         hooks = [clip_grad(t.grad_clip)] if t.grad_clip is not None else []
         hooks += list(overrides.pop("grad_hooks", ()))
@@ -154,12 +144,13 @@ class ClientEnv:
         if t.augment == "crop_flip":
             kwargs["transform"] = crop_flip(t.crop_padding)
         kwargs.update(overrides)
-        if self.work < 1:  # a straggler: a share of the steps, counted as local_sgd counts them
+        if ctx.work < 1:  # a straggler: a share of the steps, counted as local_sgd counts them
             steps = kwargs.get("steps")
             if steps is None:
-                steps = kwargs["epochs"] * steps_per_epoch(self.num_train, kwargs["batch_size"])
-            kwargs["steps"] = self.work_steps(steps)
-        return local_sgd(model, self.data.train_x, self.data.train_y, **kwargs)
+                per_epoch = steps_per_epoch(self.num_train, kwargs["batch_size"], ctx.drop_last)
+                steps = kwargs["epochs"] * per_epoch
+            kwargs["steps"] = ctx.work_steps(steps)
+        return local_sgd(model, self.data.train_x, self.data.train_y, optim=ctx.optim, **kwargs)
 
 
 @dataclass

@@ -77,7 +77,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pflkit.algorithms.base import Algorithm, Payload, State, Update, param, register
+from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
 from pflkit.algorithms.blocks.training import (
     Weights,
@@ -191,13 +191,13 @@ class FedAMP(Algorithm):
         stored = [self.stored(server, j) for j in range(env.num_clients)]
         return {"weights": cloud_model(stored, xi, stored[cid])}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p = self.params
         model = env.model()
         set_weights(model, state.get("weights") or common_init(env))
         cloud = payload["weights"]
         anchors = [(w, cloud[k]) for k, w in model.named_parameters()]
-        loss = env.train(model, grad_hooks=[proximal_pull(anchors, p.lam / p.alpha_k)])
+        loss = env.train(model, ctx, grad_hooks=[proximal_pull(anchors, p.lam / p.alpha_k)])
         weights = get_weights(model)
         return Update({"weights": weights}, {**state, "weights": weights}, {"train_loss": loss})
 
@@ -220,11 +220,11 @@ class FedAMP(Algorithm):
         return {**server, "models": models, "sqdist": sqdist, "cos": cos}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None  # one cloud model per client, no global model
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {}  # the personalized model w_i is on the client
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state.get("weights") or common_init(env)

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, State, Update, param, register, train_from
+from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register, train_from
 from pflkit.algorithms.blocks.bn import bn_keys, bn_modules, merged, only, without
 from pflkit.algorithms.blocks.training import Weights
 from pflkit.algorithms.blocks.tree import weighted_sum
@@ -147,7 +147,7 @@ class FedAP(FedBN):
         trees = [self.stored(server, j) for j in row]
         return {"weights": weighted_sum(trees, list(row.values()), own)}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         start = merged(model, payload["weights"], state["bn"])
         extra = {}
@@ -155,7 +155,7 @@ class FedAP(FedBN):
             stats_model = env.model("fedap_stats")
             stats_model.load_state_dict(start)
             extra["stats"] = feature_stats(stats_model, env.data.train_x)
-        weights, loss = train_from(env, start)
+        weights, loss = train_from(env, start, ctx)
         keys = bn_keys(model)
         upload = {"weights": without(weights, keys), "num_samples": env.num_train, **extra}
         return Update(upload, {**state, "bn": only(weights, keys)}, {"train_loss": loss})
@@ -170,8 +170,8 @@ class FedAP(FedBN):
                 stats[cid] = up["stats"]
         return {**server, "personal": personal, "stats": stats}
 
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {"weights": self.stored(server, cid)}

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
+    RoundContext,
     State,
     Update,
     Weighting,
@@ -41,9 +42,9 @@ class FedAvg(Algorithm):
         """The loss of the local steps (FedProx: + proximal term; FedRS: restricted softmax)."""
         return cross_entropy
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         loss_fn = self.local_objective(env, payload)
-        weights, loss = train_from(env, payload["weights"], loss_fn=loss_fn)
+        weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn)
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, state, {"train_loss": loss})
 

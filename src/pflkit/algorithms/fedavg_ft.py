@@ -12,7 +12,7 @@ this scores every client after ``ft_epochs`` of fine-tuning from the same global
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import Payload, State, param, register, train_from
+from pflkit.algorithms.base import Payload, RoundContext, State, param, register, train_from
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 
@@ -26,7 +26,7 @@ class FedAvgFT(FedAvg):
         ft_epochs: int = param(1, "pflkit (one epoch of fine-tuning)", gt=0)
         ft_lr: float | None = param(None, "pflkit (None: train.lr)", gt=0)
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         lr = self.params.ft_lr or env.run.train.lr
-        weights, _ = train_from(env, view["weights"], epochs=self.params.ft_epochs, lr=lr)
+        weights, _ = train_from(env, view["weights"], ctx, epochs=self.params.ft_epochs, lr=lr)
         return weights

@@ -22,7 +22,16 @@ Deviations: none.
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import Payload, State, Update, Weighting, param, register, train_from
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    State,
+    Update,
+    Weighting,
+    param,
+    register,
+    train_from,
+)
 from pflkit.algorithms.blocks.bn import bn_keys, merged, only, without
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
@@ -42,19 +51,19 @@ class FedBN(FedAvg):
     def client_init(self, env: ClientEnv) -> State:
         return {"bn": only(env.init_weights(), bn_keys(env.model()))}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         start = merged(model, payload["weights"], state["bn"])
-        weights, loss = train_from(env, start, loss_fn=self.local_objective(env, payload))
+        weights, loss = train_from(env, start, ctx, loss_fn=self.local_objective(env, payload))
         keys = bn_keys(model)
         upload = {"weights": without(weights, keys), "num_samples": env.num_train}
         return Update(upload, {**state, "bn": only(weights, keys)}, {"train_loss": loss})
 
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None if bn_keys(env.model()) else server["weights"]
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {"weights": server["weights"]}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return merged(env.model(), view["weights"], state["bn"])

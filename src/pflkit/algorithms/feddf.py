@@ -64,6 +64,7 @@ from torch import Tensor, nn
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
+    RoundContext,
     State,
     Update,
     Upload,
@@ -186,8 +187,8 @@ class FedDF(Algorithm):
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         return {"weights": server["protos"][env.arch(cid)]}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
-        weights, loss = train_from(env, payload["weights"])
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+        weights, loss = train_from(env, payload["weights"], ctx)
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, state, {"train_loss": loss})
 
@@ -241,16 +242,16 @@ class FedDF(Algorithm):
             protos[arch] = get_weights(model)
         return {**server, "protos": protos, "fusion": fusion}
 
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         # a single global model exists only when every client shares the global architecture
         if set(env.archs) == {env.global_arch}:
             return server["protos"][env.global_arch]
         return None
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {"proto": server["protos"][env.arch(cid)]}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return view["proto"]  # its architecture's prototype
 
 
@@ -267,7 +268,7 @@ class PFedDF(FedDF):
             None, "pflkit (None: train.local_epochs); KT-pFL: 'several epochs'", gt=0
         )
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         epochs = self.params.ft_epochs or env.run.train.local_epochs
-        weights, _ = train_from(env, view["proto"], epochs=epochs)
+        weights, _ = train_from(env, view["proto"], ctx, epochs=epochs)
         return weights

@@ -59,6 +59,7 @@ import torch
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
+    RoundContext,
     State,
     Update,
     Weighting,
@@ -111,7 +112,7 @@ class FedDyn(Algorithm):
     def server_init(self, env: ServerEnv) -> State:
         return {"weights": env.init_weights(), "h": param_zeros(env.model())}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         a = self.params.alpha
         theta = payload["weights"]
         model = env.model()
@@ -127,7 +128,7 @@ class FedDyn(Algorithm):
             train = env.run.train.model_copy(update={"grad_clip": None})
             env = dataclasses.replace(env, run=dataclasses.replace(env.run, train=train))
             hooks.append(clip_grad(clip))
-        weights, loss = train_from(env, theta, grad_hooks=hooks)
+        weights, loss = train_from(env, theta, ctx, grad_hooks=hooks)
         new_grad = {k: g - a * (weights[k] - theta[k]) for k, g in grad.items()}
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, {**state, "grad": new_grad}, {"train_loss": loss})

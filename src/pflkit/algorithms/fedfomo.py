@@ -53,7 +53,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pflkit.algorithms.base import Algorithm, Payload, State, Update, param, register, train_from
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    RoundContext,
+    State,
+    Update,
+    param,
+    register,
+    train_from,
+)
 from pflkit.algorithms.blocks.training import Weights, predict, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.data.federated import ClientData
@@ -162,7 +171,7 @@ class FedFomo(Algorithm):
             payload["init"] = server["init"]  # the client's theta^{t-1} on its first round
         return payload
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         own = state.get("weights") or payload["init"]
         train, vx, vy = val_split(env, self.params.val_fraction)
         model = env.model("fomo_eval")
@@ -176,7 +185,7 @@ class FedFomo(Algorithm):
             dists = [param_distance(m, own, keys) for m in models]
             w = fomo_weights(own_loss, losses, dists).to(env.device)
             start = fomo_combine(own, models, w)
-        weights, loss = train_from(dataclasses.replace(env, data=train), start)
+        weights, loss = train_from(dataclasses.replace(env, data=train), start, ctx)
         upload = {"weights": weights, "ids": payload["ids"], "w": w}
         return Update(upload, {**state, "weights": weights}, {"train_loss": loss})
 
@@ -189,11 +198,11 @@ class FedFomo(Algorithm):
                 P[cid, up["ids"]] += up["w"]
         return {**server, "models": models, "recent": sorted(uploads), "P": P}
 
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {"weights": server["init"]}  # used only before the client's first round
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state.get("weights")

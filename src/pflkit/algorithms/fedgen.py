@@ -59,6 +59,7 @@ from torch import Tensor, nn
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
+    RoundContext,
     State,
     Update,
     Weighting,
@@ -178,9 +179,9 @@ class FedGen(Algorithm):
 
         return loss_fn
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
-        loss_fn = self.local_loss(env, payload, rnd) if "gen" in payload else cross_entropy
-        weights, loss = train_from(env, payload["weights"], loss_fn=loss_fn)
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+        loss_fn = self.local_loss(env, payload, ctx.round) if "gen" in payload else cross_entropy
+        weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn)
         counts = torch.bincount(env.data.train_y, minlength=env.num_classes).double()
         upload = {"weights": weights, "num_samples": env.num_train, "label_counts": counts}
         return Update(upload, state, {"train_loss": loss})

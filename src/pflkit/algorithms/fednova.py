@@ -13,7 +13,7 @@ Client i, from x_t: tau_i local SGD steps of the run's local training (lr eta, m
 proximal term (mu / 2) ||x - x_t||^2 whose gradient mu (x - x_t) is added to each step's
 gradient (so it enters the momentum buffer, as in the FedNova and MAP code). tau_i =
 E * ceil(n_i / B), the steps :func:`~pflkit.algorithms.blocks.training.local_sgd` runs (every
-batch, the last one of an epoch possibly smaller); a straggler runs ``env.work_steps`` of them.
+batch, the last one of an epoch possibly smaller); a straggler runs ``ctx.work_steps`` of them.
 The local update is x_t - x_i = eta G_i a_i (G_i: the stochastic gradients; the paper's model of
 a local solver), and the client uploads::
 
@@ -72,6 +72,7 @@ import torch
 
 from pflkit.algorithms.base import (
     Payload,
+    RoundContext,
     State,
     Update,
     Upload,
@@ -84,7 +85,6 @@ from pflkit.algorithms.blocks.training import (
     Weights,
     get_weights,
     proximal_pull,
-    scheduled_lr,
     set_weights,
     steps_per_epoch,
 )
@@ -180,12 +180,13 @@ class FedNova(FedAvg):
             }
         return server
 
-    def local_steps(self, env: ClientEnv) -> int:
+    def local_steps(self, env: ClientEnv, ctx: RoundContext) -> int:
         """tau_i: the steps ``env.train`` runs with the run's epochs and batch size."""
         t = env.run.train
-        return env.work_steps(t.local_epochs * steps_per_epoch(env.num_train, t.batch_size))
+        per_epoch = steps_per_epoch(env.num_train, t.batch_size, ctx.drop_last)
+        return ctx.work_steps(t.local_epochs * per_epoch)
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p, t = self.params, env.run.train
         x = payload["weights"]
         model = env.model()
@@ -194,10 +195,10 @@ class FedNova(FedAvg):
         if p.prox_mu > 0:
             anchors = [(w, x[k]) for k, w in model.named_parameters()]
             hooks.append(proximal_pull(anchors, p.prox_mu))
-        loss = env.train(model, loss_fn=self.local_objective(env, payload), grad_hooks=hooks)
+        loss = env.train(model, ctx, loss_fn=self.local_objective(env, payload), grad_hooks=hooks)
         trained = get_weights(model)
-        steps = self.local_steps(env)
-        eta = scheduled_lr(t.lr)  # the lr the steps ran at
+        steps = self.local_steps(env, ctx)
+        eta = ctx.lr_factor * t.lr  # the lr the steps ran at
         a = nova_norm(steps, t.momentum, eta * p.prox_mu, p.variant)
         params = dict(model.named_parameters())
         d = {k: (x[k] - trained[k]) / a if a else torch.zeros_like(x[k]) for k in params}
@@ -227,5 +228,7 @@ class FedNova(FedAvg):
             new["momentum"] = m
         return new
 
-    def trained_weights(self, env: ClientEnv, view: Payload, upload: Upload, state: State):
+    def trained_weights(
+        self, env: ClientEnv, view: Payload, upload: Upload, state: State, ctx: RoundContext
+    ):
         return state["weights"]  # after this round's local training (the upload is d_i)

@@ -25,7 +25,7 @@ parameters. There is no global model: ``global_acc`` is not reported.
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import register
+from pflkit.algorithms.base import RoundContext, register
 from pflkit.algorithms.blocks.split import SplitBody
 from pflkit.algorithms.env import ClientEnv
 from pflkit.models import PFLModel
@@ -36,5 +36,5 @@ class FedPer(SplitBody):
     name = "fedper"
     description = "FedPer (Arivazhagan et al. 2019): shared body, private head, trained jointly"
 
-    def local_train(self, env: ClientEnv, model: PFLModel) -> float:
-        return env.train(model)
+    def local_train(self, env: ClientEnv, model: PFLModel, ctx: RoundContext) -> float:
+        return env.train(model, ctx)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pflkit.algorithms.base import Payload, State, Update, param, register
+from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.hpm import HPMParams, personalize
 from pflkit.algorithms.blocks.training import get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv
@@ -50,14 +50,14 @@ class FedPHP(FedAvg):
             "hpm", "paper (the HPM); trained: PFLlib serverphp.py lines 28-34"
         )
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         set_weights(model, payload["weights"])
-        state, loss = personalize(env, model, state, self.params)
+        state, loss = personalize(env, model, state, self.params, ctx)
         upload = {"weights": get_weights(model), "num_samples": env.num_train}
         if self.params.personal == "trained":
             state = {**state, "weights": upload["weights"]}
         return Update(upload, state, {"train_loss": loss})
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state.get("weights" if self.params.personal == "trained" else "hpm")

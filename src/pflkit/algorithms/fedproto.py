@@ -77,6 +77,7 @@ from torch import Tensor, nn
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
+    RoundContext,
     State,
     Update,
     Upload,
@@ -351,9 +352,10 @@ class FedProto(Algorithm):
         targets: Tensor,
         has: Tensor,
         state: State,
+        ctx: RoundContext,
     ) -> tuple[float, State, dict[str, float]]:
         """Train ``model`` in place; return (mean loss, extra client state, extra metrics)."""
-        return env.train(model, loss_fn=loss_fn), {}, {}
+        return env.train(model, ctx, loss_fn=loss_fn), {}, {}
 
     def local_prototypes(
         self, env: ClientEnv, model: PFLModel, running: RunningMeans | None
@@ -368,7 +370,7 @@ class FedProto(Algorithm):
         counts = torch.bincount(data.train_y, minlength=env.num_classes)[classes]
         return classes, protos, counts
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p, t = self.params, env.run.train
         model = env.model()
         set_weights(model, state["weights"])
@@ -377,10 +379,13 @@ class FedProto(Algorithm):
         running = None
         if p.proto_timing == "running":
             running = RunningMeans(
-                env.num_classes, d, env.device, steps_per_epoch(env.num_train, t.batch_size)
+                env.num_classes,
+                d,
+                env.device,
+                steps_per_epoch(env.num_train, t.batch_size, ctx.drop_last),
             )
         loss_fn = prototype_loss(targets, has, p.lam, p.reg, running)
-        loss, extra, metrics = self.local_train(env, model, loss_fn, targets, has, state)
+        loss, extra, metrics = self.local_train(env, model, loss_fn, targets, has, state, ctx)
         classes, protos, counts = self.local_prototypes(env, model, running)
         upload: Upload = {"classes": classes, "protos": protos.detach().clone()}
         if p.proto_agg == "weighted":
@@ -405,16 +410,16 @@ class FedProto(Algorithm):
         return {**server, **merge_prototypes(old, new)}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         """The global prototypes when the client scores by them; nothing otherwise."""
         if self.params.inference == "prototype" and "classes" in server:
             return {"classes": server["classes"], "protos": server["protos"]}
         return {}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         w = dict(state["weights"])
         if self.params.inference == "prototype" and "classes" in view:
             w[PROTO_PREFIX + "classes"] = view["classes"]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from pflkit.algorithms.base import param, register
+from pflkit.algorithms.base import RoundContext, param, register
 from pflkit.algorithms.blocks.split import SplitBody
 from pflkit.algorithms.env import ClientEnv
 from pflkit.models import PFLModel
@@ -61,7 +61,7 @@ class FedRep(SplitBody):
                 raise ValueError("head_epochs and body_epochs cannot both be 0")
             return self
 
-    def local_train(self, env: ClientEnv, model: PFLModel) -> float:
+    def local_train(self, env: ClientEnv, model: PFLModel, ctx: RoundContext) -> float:
         p = self.params
         body_epochs = env.run.train.local_epochs if p.body_epochs is None else p.body_epochs
         losses = []
@@ -69,7 +69,7 @@ class FedRep(SplitBody):
         head = [params[k] for k in self.private_keys(model) if k in params]
         body = [params[k] for k in self.shared_keys(model) if k in params]
         if p.head_epochs:
-            losses.append(env.train(model, epochs=p.head_epochs, params=head))
+            losses.append(env.train(model, ctx, epochs=p.head_epochs, params=head))
         if body_epochs:
-            losses.append(env.train(model, epochs=body_epochs, params=body))
+            losses.append(env.train(model, ctx, epochs=body_epochs, params=body))
         return losses[-1]

@@ -34,7 +34,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, State, Update, param, register
+from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.rs import class_counts
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
 from pflkit.algorithms.blocks.training import (
@@ -117,7 +117,7 @@ class FedRoD(FedAvg):
         pmodel.head.load_state_dict(unprefixed(head, "head."))
         return pmodel.head
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p = self.params
         model = env.model()
         set_weights(model, payload["weights"])
@@ -126,6 +126,7 @@ class FedRoD(FedAvg):
         counts = class_counts(env.data.train_y, env.num_classes)
         loss = env.train(
             model,
+            ctx,
             loss_fn=fedrod_loss(phead, counts, p.variant, p.gamma),
             params=[*model.parameters(), *phead.parameters()],
         )
@@ -133,10 +134,10 @@ class FedRoD(FedAvg):
         upload = {"weights": get_weights(model), "num_samples": env.num_train}
         return Update(upload, {**state, "phead": new_head}, {"train_loss": loss})
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return {**view["weights"], **prefixed(state["phead"], "p.")}
 
-    def trained_weights(self, env, view, upload, state):
+    def trained_weights(self, env, view, upload, state, ctx):
         return {**upload["weights"], **prefixed(state["phead"], "p.")}
 
     def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:

@@ -67,6 +67,7 @@ import torch
 
 from pflkit.algorithms.base import (
     Payload,
+    RoundContext,
     State,
     Update,
     Upload,
@@ -166,8 +167,8 @@ class FeSEM(FedAvg):
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         return {"weights": self.center_of(server, cid)}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
-        update = super().client_update(env, payload, state, rnd, phase)
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+        update = super().client_update(env, payload, state, ctx)
         if self.params.personal == "local" or env.run.selected_eval:
             return Update(
                 update.upload, {**state, "weights": update.upload["weights"]}, update.metrics
@@ -189,11 +190,11 @@ class FeSEM(FedAvg):
         return {**server, "centers": centers, "assign": {**server["assign"], **assign}}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None  # K centre models, no single global one
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {"weights": self.center_of(server, cid)}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state.get("weights") if self.params.personal == "local" else None

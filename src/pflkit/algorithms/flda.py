@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, State, Update, param, register
+from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
 from pflkit.algorithms.blocks.training import (
     LossFn,
@@ -166,7 +166,7 @@ class FLDA(FedAvg):
         return {"weight": w[:d].to(env.device), "bias": w[d:].to(env.device)}
 
     # -- one round -------------------------------------------------------------------------------
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         set_weights(model, payload["weights"])
         pmodel = env.model(P_SLOT)
@@ -177,6 +177,7 @@ class FLDA(FedAvg):
         bias = g["bias"].detach().clone().requires_grad_()
         loss = env.train(
             model,
+            ctx,
             loss_fn=flda_loss(pmodel, (weight, bias), self.params.variant),
             params=[*model.parameters(), *pmodel.parameters(), weight, bias],
         )
@@ -193,10 +194,10 @@ class FLDA(FedAvg):
         out["gate.weight"], out["gate.bias"] = state["gate"]["weight"], state["gate"]["bias"]
         return out
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return self._personal(view["weights"], state)
 
-    def trained_weights(self, env, view, upload, state):
+    def trained_weights(self, env, view, upload, state, ctx):
         return self._personal(upload["weights"], state)
 
     def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:

@@ -63,6 +63,7 @@ from torch import Tensor, nn
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
+    RoundContext,
     State,
     Update,
     Weighting,
@@ -266,7 +267,7 @@ class GPFL(Algorithm):
         return cond_inputs(table, state["alpha"], p.pci_form)
 
     # -- local training ----------------------------------------------------------------------
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p = self.params
         shared = payload["shared"]
         model = env.model()
@@ -305,7 +306,7 @@ class GPFL(Algorithm):
         if p.regulariser == "weight_decay" and p.mu and extra:
             hooks.append(decay(extra, p.mu))
         loss = env.train(
-            model, loss_fn=loss_fn, params=[*model.parameters(), *extra], grad_hooks=hooks
+            model, ctx, loss_fn=loss_fn, params=[*model.parameters(), *extra], grad_hooks=hooks
         )
         w = get_weights(model)
         up = group(model, w, "body")
@@ -319,10 +320,10 @@ class GPFL(Algorithm):
         return Update(upload, new_state, {"train_loss": loss})
 
     # -- evaluation ----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {"shared": server["shared"]}
 
     def _personal(self, env: ClientEnv, shared: Weights, state: State) -> Weights:
@@ -334,10 +335,10 @@ class GPFL(Algorithm):
             out["cond.p"] = self._inputs(env, shared, state, model.feature_dim)[1]
         return out
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return self._personal(env, view["shared"], state)
 
-    def trained_weights(self, env, view, upload, state):
+    def trained_weights(self, env, view, upload, state, ctx):
         return self._personal(env, upload["shared"], state)
 
     @torch.no_grad()

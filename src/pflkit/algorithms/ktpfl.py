@@ -90,7 +90,16 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from torch import Tensor
 
-from pflkit.algorithms.base import Algorithm, Payload, State, Update, Upload, param, register
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    RoundContext,
+    State,
+    Update,
+    Upload,
+    param,
+    register,
+)
 from pflkit.algorithms.blocks.distill import (
     SoftTeacherKD,
     project_simplex,
@@ -324,10 +333,10 @@ class KTpFLHomo(Algorithm):
             payload["public_idx"] = idx
         return payload
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         set_weights(model, payload["weights"])
-        loss = env.train(model)
+        loss = env.train(model, ctx)
         x = public_subset(env, payload.get("public_idx"))
         weights = get_weights(model)
         upload = {
@@ -352,13 +361,13 @@ class KTpFLHomo(Algorithm):
         c = update_coefficients(server["c"], active, soft, num, self.params)
         return with_c({**server, "personal": personal}, c)
 
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         """The model client ``cid`` would download: its personalised mix, or the initial one."""
         return {"weights": server["personal"].get(cid, server["weights"])}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         # its model after its last local training, or the model it would download
         return state.get("weights", view["weights"])

@@ -76,6 +76,7 @@ import torch
 
 from pflkit.algorithms.base import (
     Payload,
+    RoundContext,
     State,
     Update,
     Weighting,
@@ -88,7 +89,6 @@ from pflkit.algorithms.blocks.split import common_init, common_seed, require_hom
 from pflkit.algorithms.blocks.tree import interpolate
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.config import lr_factor
 from pflkit.errors import PflkitError
 
 _COIN = 0x12C0  # key of the round's coin-run generator
@@ -171,20 +171,20 @@ class L2GD(FedAvg):
         n = {} if self.params.eta is None else {"num_clients": env.num_clients}
         return {"weights": server["weights"], **n} if phase == "pull" else n
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p, t = self.params, env.run.train
         n = payload.get("num_clients")
-        if phase == "pull":
-            steps = 1 if p.pulls == "one" else coin_runs(env.run.seed, rnd, p.p)[1]
-            c = self.pull_coefficient(t.lr, n) * lr_factor(t, rnd)
+        if ctx.phase == "pull":
+            steps = 1 if p.pulls == "one" else coin_runs(env.run.seed, ctx.round, p.p)[1]
+            c = self.pull_coefficient(t.lr, n) * ctx.lr_factor
             x = pull(state["weights"], payload["weights"], c, steps)
             return Update({}, {**state, "weights": x})
         overrides = {"lr": self.local_lr(t.lr, n)}
         if p.local_steps == "geometric":
-            overrides["steps"] = coin_runs(env.run.seed, rnd, p.p)[0]
+            overrides["steps"] = coin_runs(env.run.seed, ctx.round, p.p)[0]
         if not p.momentum:
             overrides["momentum"] = 0.0
-        x, loss = train_from(env, state["weights"], **overrides)
+        x, loss = train_from(env, state["weights"], ctx, **overrides)
         upload = {"weights": x, "num_samples": env.num_train}
         return Update(upload, {**state, "weights": x}, {"train_loss": loss})
 
@@ -195,8 +195,10 @@ class L2GD(FedAvg):
         return {**server, "weights": weighted_average(uploads, uniform=uniform)}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state["weights"]
 
-    def trained_weights(self, env: ClientEnv, view: Payload, upload, state: State):
+    def trained_weights(
+        self, env: ClientEnv, view: Payload, upload, state: State, ctx: RoundContext
+    ):
         return state["weights"]

@@ -8,7 +8,15 @@ clients train for the configured local epochs.
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import Algorithm, Payload, State, Update, register, train_from
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    RoundContext,
+    State,
+    Update,
+    register,
+    train_from,
+)
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 
@@ -26,12 +34,12 @@ class Local(Algorithm):
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         return {}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
-        weights, loss = train_from(env, state["weights"])
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+        weights, loss = train_from(env, state["weights"], ctx)
         return Update({}, {"weights": weights}, {"train_loss": loss})
 
     def aggregate(self, env, server, uploads, rnd, phase) -> State:
         return server
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state["weights"]

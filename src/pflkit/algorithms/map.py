@@ -42,7 +42,7 @@ HPM starts as the result (§8.4). The code's gradient clipping at norm 100
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import Payload, State, Update, Weighting, param, register
+from pflkit.algorithms.base import Payload, RoundContext, State, Update, Weighting, param, register
 from pflkit.algorithms.blocks.hpm import HPMParams, personalize
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
 from pflkit.algorithms.blocks.training import get_weights, set_weights, steps_per_epoch
@@ -73,29 +73,31 @@ class MAP(RestrictedSoftmax, FedAvg):
 
     Params = MAPParams
 
-    def stage_steps(self, env: ClientEnv) -> tuple[int, int]:
+    def stage_steps(self, env: ClientEnv, ctx: RoundContext) -> tuple[int, int]:
         t = env.run.train
-        total = t.local_epochs * steps_per_epoch(env.num_train, t.batch_size)
+        total = t.local_epochs * steps_per_epoch(env.num_train, t.batch_size, ctx.drop_last)
         if self.params.stage_b_fraction is None:
             return total - total // 2, total // 2
         return total, max(int(self.params.stage_b_fraction * total), 5)
 
-    def stage_a(self, env: ClientEnv, model, payload: Payload, state: State, steps: int):
+    def stage_a(
+        self, env: ClientEnv, model, payload: Payload, state: State, ctx: RoundContext, steps: int
+    ):
         """Train ``model`` (holding the download) for stage A; return (upload, state, loss)."""
-        loss = env.train(model, loss_fn=self.local_objective(env, payload), steps=steps)
+        loss = env.train(model, ctx, loss_fn=self.local_objective(env, payload), steps=steps)
         return {"weights": get_weights(model), "num_samples": env.num_train}, state, loss
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         set_weights(model, payload["weights"])
-        steps_a, steps_b = self.stage_steps(env)
-        upload, state, loss_a = self.stage_a(env, model, payload, state, steps_a)
+        steps_a, steps_b = self.stage_steps(env, ctx)
+        upload, state, loss_a = self.stage_a(env, model, payload, state, ctx, steps_a)
         lr_b = env.run.train.lr * self.params.stage_b_lr_scale
-        hpm_state, loss_b = personalize(env, model, state, self.params, steps=steps_b, lr=lr_b)
+        hpm_state, loss_b = personalize(env, model, state, self.params, ctx, steps=steps_b, lr=lr_b)
         metrics = {"train_loss": loss_a, "train_loss_b": loss_b}
         return Update(upload, {**state, **hpm_state}, metrics)
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state.get("hpm")
 
 
@@ -123,13 +125,16 @@ class ScaMAP(MAP):
     def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str):
         return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
-    def stage_a(self, env: ClientEnv, model, payload: Payload, state: State, steps: int):
+    def stage_a(
+        self, env: ClientEnv, model, payload: Payload, state: State, ctx: RoundContext, steps: int
+    ):
         # SCAFFOLD's corrected steps train ``env.model()`` (= ``model``), which keeps y for
         # stage B
         step, upload = scaffold_client_step(
             env,
             payload,
             state,
+            ctx,
             self.local_objective(env, payload),
             local_weight_decay=self.params.local_weight_decay,
             steps=steps,

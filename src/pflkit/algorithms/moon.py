@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, State, Update, param, register, train_from
+from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register, train_from
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.blocks.training import LossFn, Weights, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
@@ -153,12 +153,12 @@ class MOON(FedAvg):
             new["uploaded"] = sorted(set(server["uploaded"]) | set(uploads))
         return new
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         prev = state.get("prev")
         if prev is None:
             prev = payload.get("init")  # first_prev: initial
         loss_fn = self.moon_objective(env, payload, prev)
-        weights, loss = train_from(env, payload["weights"], loss_fn=loss_fn)
+        weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn)
         upload = {"weights": weights, "num_samples": env.num_train}
         prev = {k: v.clone() for k, v in weights.items()}
         return Update(upload, {**state, "prev": prev}, {"train_loss": loss})

@@ -41,7 +41,16 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from pflkit.algorithms.base import Payload, State, Update, Weighting, param, register, train_from
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    State,
+    Update,
+    Weighting,
+    param,
+    register,
+    train_from,
+)
 from pflkit.algorithms.blocks.training import LossFn, cross_entropy
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
@@ -104,12 +113,13 @@ class PerFedAvg(FedAvg):
     def _alpha(self, env: ClientEnv) -> float:
         return self.params.alpha or env.run.train.lr
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p, t = self.params, env.run.train
         k = 2 if p.variant == "fo" else 3
         weights, loss = train_from(
             env,
             payload["weights"],
+            ctx,
             batch_size=k * t.batch_size,
             lr=p.beta or t.lr,
             loss_fn=meta_loss(self._alpha(env), p.variant, p.delta),
@@ -117,13 +127,15 @@ class PerFedAvg(FedAvg):
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, state, {"train_loss": loss})
 
-    def adapt(self, env: ClientEnv, weights):
+    def adapt(self, env: ClientEnv, weights, ctx: RoundContext):
         """One SGD step of size alpha on one training batch (the personalized model)."""
-        adapted, _ = train_from(env, weights, steps=1, lr=self._alpha(env), loss_fn=cross_entropy)
+        adapted, _ = train_from(
+            env, weights, ctx, steps=1, lr=self._alpha(env), loss_fn=cross_entropy
+        )
         return adapted
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
-        return self.adapt(env, view["weights"])
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
+        return self.adapt(env, view["weights"], ctx)
 
-    def trained_weights(self, env, view, upload, state):
-        return self.adapt(env, upload["weights"])
+    def trained_weights(self, env, view, upload, state, ctx):
+        return self.adapt(env, upload["weights"], ctx)

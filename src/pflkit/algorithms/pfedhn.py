@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pflkit.algorithms.base import Algorithm, Payload, State, Update, param, register
+from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
 from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights, steps_per_epoch
 from pflkit.algorithms.env import ClientEnv, ServerEnv
@@ -227,15 +227,15 @@ class PFedHN(Algorithm):
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         return {"weights": self.generated(env, server, cid)}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         theta = payload["weights"]
         set_weights(model, theta)
         steps = self.params.inner_steps
         if steps is None:
             t = env.run.train
-            steps = t.local_epochs * steps_per_epoch(env.num_train, t.batch_size)
-        loss = env.train(model, steps=steps)
+            steps = t.local_epochs * steps_per_epoch(env.num_train, t.batch_size, ctx.drop_last)
+        loss = env.train(model, ctx, steps=steps)
         trained = get_weights(model)
         upload = {"delta": {k: trained[k] - theta[k] for k in theta}}
         new_state = {**state, "weights": trained} if env.run.selected_eval else state
@@ -263,14 +263,16 @@ class PFedHN(Algorithm):
         }
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None  # no global model: one generated model per client
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {"weights": self.generated(env, server, cid)}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return view["weights"]
 
-    def trained_weights(self, env: ClientEnv, view: Payload, upload, state: State):
+    def trained_weights(
+        self, env: ClientEnv, view: Payload, upload, state: State, ctx: RoundContext
+    ):
         return state["weights"]  # theta~_i, after this round's local steps

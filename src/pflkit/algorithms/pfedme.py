@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from pflkit.algorithms.base import Payload, State, Update, Weighting, param, register
+from pflkit.algorithms.base import Payload, RoundContext, State, Update, Weighting, param, register
 from pflkit.algorithms.blocks.training import (
     LossFn,
     get_weights,
@@ -139,14 +139,17 @@ class PFedMe(FedAvg):
             "personal", "paper (theta); global: PFLlib's 'personalized' accuracy (clientpFedMe.py)"
         )
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p, t = self.params, env.run.train
         model = env.model()
         set_weights(model, payload["weights"])
         theta = {k: v.detach().clone() for k, v in model.named_parameters()}
-        steps = p.local_steps or t.local_epochs * steps_per_epoch(env.num_train, t.batch_size)
+        steps = p.local_steps or t.local_epochs * steps_per_epoch(
+            env.num_train, t.batch_size, ctx.drop_last
+        )
         loss = env.train(
             model,
+            ctx,
             steps=steps,
             loss_fn=pfedme_loss(theta, p.lam, p.personal_lr, p.inner_steps, p.theta_decay),
         )
@@ -160,12 +163,12 @@ class PFedMe(FedAvg):
         b, old = self.params.beta, server["weights"]
         return {**server, "weights": convex_combination(old, mean, b)}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         if self.params.scored == "global":
             return None  # the global model w
         return state.get("personal")
 
-    def trained_weights(self, env, view, upload, state):
+    def trained_weights(self, env, view, upload, state, ctx):
         if self.params.scored == "global":
             return upload["weights"]  # w after local training, as FedAvg is scored
         return state["personal"]

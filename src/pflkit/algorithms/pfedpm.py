@@ -84,7 +84,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, State, param, register
+from pflkit.algorithms.base import Payload, RoundContext, State, param, register
 from pflkit.algorithms.blocks.split import common_seed
 from pflkit.algorithms.blocks.training import (
     LossFn,
@@ -287,9 +287,9 @@ class PFedPM(FedProto):
             state.get("protos"), payload, self.params.a, env.num_classes, d, env.device
         )
 
-    def local_train(self, env, model, loss_fn: LossFn, targets, has, state):
+    def local_train(self, env, model, loss_fn: LossFn, targets, has, state, ctx: RoundContext):
         if not bool(has.any()):  # round 1: no anchors, no relation step
-            return env.train(model, loss_fn=loss_fn), {}, {}
+            return env.train(model, ctx, loss_fn=loss_fn), {}, {}
         p, t = self.params, env.run.train
         anchors = to_protoset(targets, has)
         classes, anchor_protos = anchors["classes"], anchors["protos"]
@@ -297,7 +297,7 @@ class PFedPM(FedProto):
         rel.load_state_dict(state["relation"])
         rel.train()
         lr = t.lr if p.relation_lr is None else p.relation_lr
-        opt = make_optimizer(list(rel.parameters()), lr, t.momentum, t.weight_decay)
+        opt = make_optimizer(list(rel.parameters()), lr, t.momentum, t.weight_decay, ctx.optim)
         pending: list[tuple[Tensor, Tensor]] = []
         rel_losses: list[Tensor] = []
 
@@ -318,7 +318,7 @@ class PFedPM(FedProto):
             pending.append((x, y))
             return loss_fn(m, x, y)
 
-        loss = env.train(model, loss_fn=with_relation_step)
+        loss = env.train(model, ctx, loss_fn=with_relation_step)
         if pending:
             relation_step(*pending.pop())
         extra = {
@@ -329,10 +329,10 @@ class PFedPM(FedProto):
         return loss, extra, metrics
 
     # -- evaluation -----------------------------------------------------------------------------
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {}  # both inference modes use only the client's own state
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         w = dict(state["weights"])
         if self.params.inference == "relation":
             w.update({REL_PREFIX + k: v for k, v in state["relation"].items()})

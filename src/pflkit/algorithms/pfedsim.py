@@ -60,6 +60,7 @@ from torch import Tensor, nn
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
+    RoundContext,
     State,
     Update,
     Weighting,
@@ -173,7 +174,6 @@ class PFedSim(Algorithm):
             # off-diagonal Phi; I_n implied
             "phi": torch.zeros(n, n, dtype=torch.float64, device=env.device),
             "personal": {},  # cid -> the client's last uploaded model (personalization phase)
-            "round": 0,
         }
 
     def client_init(self, env: ClientEnv) -> State:
@@ -198,10 +198,10 @@ class PFedSim(Algorithm):
         weights = {**mix(stored, w, body, own), **only(own, head)}
         return {"weights": {k: weights[k] for k in own}}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         start = merged(model, payload["weights"], state.get("buffers", {}))
-        weights, loss = train_from(env, start)
+        weights, loss = train_from(env, start, ctx)
         new_state = dict(state)
         if self.params.bn_stats == "local":
             new_state["buffers"] = only(weights, buffer_keys(model))
@@ -212,7 +212,7 @@ class PFedSim(Algorithm):
         p = self.params
         if rnd <= self.t_g(env):
             avg = weighted_average(uploads, uniform=p.weighting == "uniform")
-            return {**server, "weights": avg, "round": rnd}
+            return {**server, "weights": avg}
         head_keys = env.model().group_keys("head")
         personal = dict(server["personal"])
         rows = {}
@@ -226,18 +226,18 @@ class PFedSim(Algorithm):
                 phi[i, j] = phi[j, i] = classifier_similarity(
                     rows[i], rows[j], p.sim_reduce, p.cos_max
                 )
-        return {**server, "personal": personal, "phi": phi, "round": rnd}
+        return {**server, "personal": personal, "phi": phi}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State):
-        if self.params.bn_stats == "local" or server["round"] > self.t_g(env):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
+        if self.params.bn_stats == "local" or rnd > self.t_g(env):
             return None  # no global model after the warm-up (or without shared BN statistics)
         if self.t_g(env) == 0:
             return None
         return server["weights"]
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {"weights": self.stored(server, cid)}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return merged(env.model(), view["weights"], state.get("buffers", {}))

@@ -76,6 +76,7 @@ import torch
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
+    RoundContext,
     State,
     Update,
     Upload,
@@ -90,7 +91,6 @@ from pflkit.algorithms.blocks.training import (
     Weights,
     cross_entropy,
     get_weights,
-    scheduled_lr,
     set_weights,
     shift_grad,
     steps_per_epoch,
@@ -129,7 +129,8 @@ def scaffold_local_steps(
     env: ClientEnv,
     global_weights: Mapping[str, torch.Tensor],
     c_global: Mapping[str, torch.Tensor],
-    c_local: Mapping[str, torch.Tensor] | None = None,
+    c_local: Mapping[str, torch.Tensor] | None,
+    ctx: RoundContext,
     *,
     loss_fn: LossFn = cross_entropy,
     lr: float | None = None,
@@ -146,7 +147,8 @@ def scaffold_local_steps(
     then sets c_local+ = c_local - c_global + (x - y) / (K * lr). K = ``steps`` if given, else
     epochs * ceil(n / batch_size) (whole epochs, the last batch of each possibly partial).
     ``c_local=None`` means zeros (a client's first participation). ``lr``, ``epochs``,
-    ``batch_size`` and ``weight_decay`` default to the run's training settings.
+    ``batch_size`` and ``weight_decay`` default to the run's training settings; ``ctx`` is the
+    round's context (its lr factor scales ``lr``, a straggler runs ``ctx.work_steps(K)``).
 
     Trains the reusable model ``env.model(slot)``, which holds y afterwards (a later stage can
     continue from it, as ScaMAP's stage B does), and draws the batch order from torch's global
@@ -159,7 +161,7 @@ def scaffold_local_steps(
     weight_decay = t.weight_decay if weight_decay is None else weight_decay
     n = env.num_train
     if steps is None:
-        steps = epochs * steps_per_epoch(n, batch_size)
+        steps = epochs * steps_per_epoch(n, batch_size, ctx.drop_last)
     if n == 0:
         steps = 0  # no data: no step, no control change
 
@@ -171,6 +173,7 @@ def scaffold_local_steps(
     correction = [(p, (c_global[k] - c_local[k]).detach()) for k, p in params.items()]
     loss = env.train(
         model,
+        ctx,
         steps=steps,
         batch_size=batch_size,
         lr=lr,
@@ -186,7 +189,7 @@ def scaffold_local_steps(
     else:
         # c_i+ - c_i = -c + (x - y) / (K lr), K the steps run (a straggler runs fewer), lr the
         # one the steps ran at (times the round's train.lr_schedule factor)
-        k_steps, step_lr = env.work_steps(steps), scheduled_lr(lr)
+        k_steps, step_lr = ctx.work_steps(steps), ctx.lr_factor * lr
         delta_c = {k: -delta_y[k] / (k_steps * step_lr) - c_global[k] for k in c_local}
     new_c = {k: c_local[k] + delta_c[k] for k in c_local}
     return ScaffoldStep(y, new_c, delta_y, delta_c, loss)
@@ -196,6 +199,7 @@ def scaffold_client_step(
     env: ClientEnv,
     payload: Payload,
     state: State,
+    ctx: RoundContext,
     loss_fn: LossFn,
     *,
     local_weight_decay: bool = True,
@@ -208,6 +212,7 @@ def scaffold_client_step(
         payload["weights"],
         payload["control"],
         state.get("control"),
+        ctx,
         loss_fn=loss_fn,
         steps=steps,
         weight_decay=None if local_weight_decay else 0.0,
@@ -285,11 +290,12 @@ class Scaffold(Algorithm):
         """The task loss of the local steps (ScaRS: restricted softmax)."""
         return cross_entropy
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         step, upload = scaffold_client_step(
             env,
             payload,
             state,
+            ctx,
             self.local_objective(env, payload),
             local_weight_decay=self.params.local_weight_decay,
         )
@@ -302,10 +308,12 @@ class Scaffold(Algorithm):
     def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str):
         return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state.get("weights") if self.params.personal == "local" else None
 
-    def trained_weights(self, env: ClientEnv, view: Payload, upload: Upload, state: State):
+    def trained_weights(
+        self, env: ClientEnv, view: Payload, upload: Upload, state: State, ctx: RoundContext
+    ):
         return state["weights"]  # y, after this round's local steps (the upload is a delta)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pflkit.algorithms.base import train_from
+from pflkit.algorithms.base import RoundContext, train_from
 from pflkit.algorithms.blocks.bn import bn_modules
 from pflkit.algorithms.blocks.training import Weights, predict, set_weights
 from pflkit.algorithms.fedap import bn_wasserstein, feature_stats
@@ -97,9 +97,10 @@ def similarity_study(
     head = model.group_keys("head")
     has_bn = bool(bn_modules(model))
     trained: dict[int, Weights] = {}
+    plain = RoundContext(0, "similarity", cfg.seed)  # plain SGD at train.lr, every batch
     for c in ids:
         seed_torch(cfg.seed, 0, 0x51, c)
-        trained[c], _ = train_from(envs[c], init, steps=steps)
+        trained[c], _ = train_from(envs[c], init, plain, steps=steps)
     counts = data.class_table("train")
     init_flat = _flat(init, params)
     upd = {c: _flat(trained[c], params) - init_flat for c in ids}

@@ -1,7 +1,10 @@
 """Client runners: the one seam through which the round loop runs client work.
 
 The engine (:class:`~pflkit.engine.simulation.Simulation`) decides *what* each client does in a
-phase (its payload) and *what* to evaluate (its view); a runner decides *where* it runs:
+phase (its payload) and *what* to evaluate (its view), and hands the runner one job per client
+with all of its inputs (:class:`TrainJob`, :class:`EvalJob`: payload or view, state, round
+context); a runner decides *where* the jobs run (``run(algo, envs, jobs) -> results``) and
+holds nothing of the run:
 
 - :class:`InProcess`: here, one client after another (no start-up cost; best for small runs
   and for one GPU);
@@ -15,7 +18,9 @@ Every runner executes the same two functions, :func:`train_client` and
 :func:`evaluate_client`, and every random draw in them is seeded from (seed, round, phase,
 client), so all runners give bit-identical results: the client order and the worker a client
 lands on do not matter. With the in-process and process-pool runners client state lives in the
-engine (and in its checkpoints); with Flower it lives on the nodes.
+engine (and in its checkpoints): jobs carry it, and the engine keeps the state each training
+returns; with Flower it lives on the nodes (``keeps_state`` False: jobs carry none, results
+return none).
 """
 
 from __future__ import annotations
@@ -25,31 +30,25 @@ import os
 import pickle
 import signal
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from pflkit.algorithms import Algorithm, build_algorithm
-from pflkit.algorithms.base import Payload, State, Update, Upload
-from pflkit.algorithms.blocks.training import local_optim
-from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
+from pflkit.algorithms.env import ClientEnv, RunFacts
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
+from pflkit.data.federated import FederatedDataset
 from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
 from pflkit.experiment import validate
-
-if TYPE_CHECKING:
-    from pflkit.data.federated import FederatedDataset
-    from pflkit.engine.simulation import Simulation
-
-TrainResults = dict[int, tuple[Upload, dict[str, float]]]
-
 
 # -- seeding (the same in every runner) ------------------------------------------------------------
 
@@ -86,37 +85,41 @@ def init_client(algo: Algorithm, env: ClientEnv, seed: int) -> State:
     return algo.client_init(env)
 
 
-def round_optim(env: ClientEnv, rnd: int):
-    """The local optimiser, learning-rate factor and batching of round ``rnd``
-    (``train.optimizer``, ``train.lr_schedule``, ``train.drop_last``) for every local_sgd call
-    inside the block."""
-    t = env.run.train
-    return local_optim(t.optimizer, lr_factor(t, rnd), t.drop_last)
+EVALUATE = "evaluate"  # the phase name of evaluation contexts
+
+
+def round_context(run: RunFacts, rnd: int, phase: str, straggler: bool = False) -> RoundContext:
+    """The :class:`~pflkit.algorithms.RoundContext` of a client's work in phase ``phase`` of
+    round ``rnd`` (:data:`EVALUATE` for evaluation): the run's seed, the round's local
+    optimiser, learning-rate factor and batching (``train.optimizer``, ``train.lr_schedule``,
+    ``train.drop_last``) and, for a straggler of the round (:func:`system_draw`), its work
+    share ``system.straggler_work``."""
+    t = run.train
+    return RoundContext(
+        round=rnd,
+        phase=phase,
+        seed=run.seed,
+        lr_factor=lr_factor(t, rnd),
+        optimizer=t.optimizer,
+        drop_last=t.drop_last,
+        work=run.system.straggler_work if straggler else 1.0,
+    )
 
 
 def train_client(
     algo: Algorithm,
     env: ClientEnv,
-    seed: int,
-    rnd: int,
-    p: int,
-    phase: str,
     payload: Payload,
     state: State,
+    ctx: RoundContext,
+    phase_index: int,
 ) -> Update | None:
-    """``client_update`` with torch seeded from (seed, round, phase index, client). A training
-    metric or uploaded tensor that is not finite stops the run with one sentence (the usual
-    cause: the lr), or with ``train.on_nan: skip_client`` returns None: the client is left
-    out of the round and keeps its previous state. A straggler of the round
-    (:func:`system_draw`) trains with ``env.work = system.straggler_work``."""
-    seed_torch(seed, rnd, p, env.cid)
-    system = env.run.system
-    env.work = system.straggler_work if system_draw(system, seed, rnd, env.cid)[1] else 1.0
-    try:
-        with round_optim(env, rnd):
-            update = algo.client_update(env, payload, state, rnd, phase)
-    finally:
-        env.work = 1.0
+    """``client_update`` in round context ``ctx`` with torch seeded from (seed, round, phase
+    index, client). A training metric or uploaded tensor that is not finite stops the run with
+    one sentence (the usual cause: the lr), or with ``train.on_nan: skip_client`` returns None:
+    the client is left out of the round and keeps its previous state."""
+    seed_torch(ctx.seed, ctx.round, phase_index, env.cid)
+    update = algo.client_update(env, payload, state, ctx)
     bad = [f"{k} is {v}" for k, v in update.metrics.items() if not math.isfinite(v)]
     if not bad and not _finite(update.upload):
         bad = ["upload holds inf or nan values"]
@@ -125,7 +128,7 @@ def train_client(
     if env.run.train.on_nan == "skip_client":
         return None
     raise PflkitError(
-        f"client {env.cid}'s {bad[0]} in round {rnd}: local training diverged; lower "
+        f"client {env.cid}'s {bad[0]} in round {ctx.round}: local training diverged; lower "
         "train.lr, or set train.grad_clip (e.g. 100), or train.on_nan: skip_client"
     )
 
@@ -146,10 +149,9 @@ def _finite(obj: Any) -> bool:
 def evaluate_client(
     algo: Algorithm,
     env: ClientEnv,
-    seed: int,
-    rnd: int,
     view: Payload,
     state: State,
+    ctx: RoundContext,
     batch_size: int,
     upload: Upload | None = None,
     finetune_epochs: int = 0,
@@ -163,21 +165,21 @@ def evaluate_client(
     ``finetune_epochs`` (``eval.finetune_epochs``) > 0 both are scored on a copy of that model
     fine-tuned on the client's training split (:func:`finetune_for_eval`)."""
     selected = upload is not None
-    seed_eval(seed, rnd, env.cid, selected)
-    with round_optim(env, rnd):  # personal_weights may train (FedAvg-FT's fine-tuning)
-        if upload is not None:
-            weights = algo.trained_weights(env, view, upload, state)
-        else:
-            weights = algo.personal_weights(env, view, state)
-        if weights is None:
-            if "weights" not in view:
-                raise RuntimeError(
-                    f"{algo.name}: personal_weights returned None but there is no global model"
-                )
-            weights = view["weights"]
+    seed_eval(ctx.seed, ctx.round, env.cid, selected)
+    # ctx: personal_weights may train (FedAvg-FT's fine-tuning)
+    if upload is not None:
+        weights = algo.trained_weights(env, view, upload, state, ctx)
+    else:
+        weights = algo.personal_weights(env, view, state, ctx)
+    if weights is None:
+        if "weights" not in view:
+            raise RuntimeError(
+                f"{algo.name}: personal_weights returned None but there is no global model"
+            )
+        weights = view["weights"]
     model, d = algo.scoring_model(env, weights), env.data
     if finetune_epochs:
-        model = finetune_for_eval(model, env, seed, rnd, finetune_epochs, selected)
+        model = finetune_for_eval(model, env, ctx, finetune_epochs, selected)
     acc = {"test": accuracy(model, d.test_x, d.test_y, batch_size)}
     if d.val_y is not None:
         acc["val"] = accuracy(model, d.val_x, d.val_y, batch_size)
@@ -185,68 +187,100 @@ def evaluate_client(
 
 
 def finetune_for_eval(
-    model: nn.Module, env: ClientEnv, seed: int, rnd: int, epochs: int, selected: bool = False
+    model: nn.Module, env: ClientEnv, ctx: RoundContext, epochs: int, selected: bool = False
 ) -> nn.Module:
     """A copy of the scoring ``model`` fine-tuned for ``epochs`` epochs on the client's
     training split (:func:`~pflkit.eval.evaluate.finetuned`) with the round's optimiser, lr
-    factor and drop_last (:func:`round_optim`), its batches drawn from a stream of its own,
-    seeded by (seed, round, client), inside ``fork_rng``: torch's global RNG state is the same
+    factor and drop_last (``ctx.optim``), its batches drawn from a stream of its own, seeded by
+    (seed, round, client), inside ``fork_rng``: torch's global RNG state is the same
     afterwards, and the client's state and the server model never see the copy."""
     devices = [env.device] if env.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), round_optim(env, rnd):
-        seed_torch(seed, rnd, 0xF5 if selected else 0xF7, env.cid)
+    with torch.random.fork_rng(devices=devices):
+        seed_torch(ctx.seed, ctx.round, 0xF5 if selected else 0xF7, env.cid)
         d = env.data
-        return finetuned(model, d.train_x, d.train_y, env.run.train, epochs)
+        return finetuned(model, d.train_x, d.train_y, env.run.train, epochs, ctx.optim)
+
+
+# -- jobs: a client's work with all its inputs ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """One client's training in one phase: the inputs of :func:`train_client` but the
+    algorithm and the client's environment, which the runner has (``envs[cid]``)."""
+
+    cid: int
+    payload: Payload
+    state: State | None  # None where the client keeps its own state (Flower nodes)
+    ctx: RoundContext  # the round, the phase, the round's optimiser, a straggler's work
+    phase_index: int  # the phase's position in the round (torch is seeded from it)
+
+    def run(self, algo: Algorithm, env: ClientEnv) -> Update | None:
+        return train_client(algo, env, self.payload, self.state, self.ctx, self.phase_index)
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """One client's evaluation: the inputs of :func:`evaluate_client` but the algorithm and
+    the client's environment."""
+
+    cid: int
+    view: Payload
+    state: State | None  # None where the client keeps its own state (Flower nodes)
+    ctx: RoundContext  # phase EVALUATE
+    batch_size: int  # eval.batch_size
+    finetune_epochs: int = 0  # eval.finetune_epochs
+    upload: Upload | None = None  # MAP's protocol: the client's last upload of the round
+
+    def run(self, algo: Algorithm, env: ClientEnv) -> dict[str, float]:
+        return evaluate_client(
+            algo,
+            env,
+            self.view,
+            self.state,
+            self.ctx,
+            self.batch_size,
+            self.upload,
+            self.finetune_epochs,
+        )
+
+
+Job = TrainJob | EvalJob
 
 
 # -- runners --------------------------------------------------------------------------------------------
 
 
 class ClientRunner:
-    """Where client work runs (module docstring). ``train`` and ``evaluate`` return results in
-    the order of their input; a client missing from a result failed (Flower only)."""
+    """Where client work runs (module docstring). A runner holds no run state: the engine
+    hands it jobs and stores what comes back."""
 
-    #: client state lives in the engine (so a run can be checkpointed and resumed)
+    #: client state lives in the engine: jobs carry it, training results return the new one
+    #: (so a run can be checkpointed and resumed); False: it lives where the clients run
     keeps_state: bool = True
 
-    def start(self, sim: Simulation) -> None:
-        """Bind to a run (called once, before its first round)."""
-        self.sim = sim
-        self.diverged: list[int] = []  # this round's clients left out by train.on_nan
+    def start(self, cfg: ExperimentConfig, data: FederatedDataset) -> None:
+        """Prepare for a run of ``cfg`` on ``data`` (called once, before its first round)."""
 
-    def train(self, rnd: int, p: int, phase: str, payloads: dict[int, Payload]) -> TrainResults:
-        raise NotImplementedError
-
-    def evaluate(
+    def run(
         self,
-        rnd: int,
-        views: dict[int, Payload],
-        uploads: dict[int, Upload] | None = None,
+        algo: Algorithm,
+        envs: Sequence[ClientEnv],
+        jobs: Sequence[Job],
         meanwhile: Callable[[], None] | None = None,
-    ) -> dict[int, dict[str, float]]:
-        """Each client's accuracies (:func:`evaluate_client`: ``"test"``, and ``"val"`` with a
-        validation split), from the server's ``views``. ``uploads``: MAP's protocol, the
-        round's last uploads. ``meanwhile`` is server work (scoring the global model) that
-        runs while the clients evaluate, where they run elsewhere."""
+    ) -> dict[int, Any]:
+        """The result of every job of ``jobs`` (all of one kind, one per client) by client, in
+        job order, as ``job.run(algo, envs[job.cid])`` computes it: for a :class:`TrainJob`
+        the :class:`~pflkit.algorithms.Update` (its state None where ``keeps_state`` is False)
+        or None (the client diverged: ``train.on_nan: skip_client``), for an :class:`EvalJob`
+        the client's accuracy per split. A client missing from the result failed (Flower
+        only). ``meanwhile`` is server work (scoring the global model) that runs while the
+        clients work, where they run elsewhere."""
         raise NotImplementedError
-
-    def _store(self, updates: Iterable[tuple[int, Any]]) -> TrainResults:
-        """Keep each client's new state from its ``(cid, train_client result)``, in order, and
-        return the uploads and metrics; a diverged client (None) is noted and left out."""
-        out: TrainResults = {}
-        for cid, update in updates:
-            if update is None:  # diverged, train.on_nan: skip_client
-                self.diverged.append(cid)
-                continue
-            upload, self.sim.clients[cid], metrics = update
-            out[cid] = (upload, metrics)
-        return out
 
     def row_extras(self, row: dict[str, Any]) -> dict[str, Any]:
-        """Runner-specific fields to add to this round's metrics ``row``: here the clients
-        that diverged and were left out (``train.on_nan: skip_client``)."""
-        diverged, self.diverged = self.diverged, []
-        return {"diverged_clients": diverged} if diverged else {}
+        """Runner-specific fields to add to this round's metrics ``row`` (none here)."""
+        return {}
 
     def close(self) -> None:
         pass
@@ -255,40 +289,15 @@ class ClientRunner:
 class InProcess(ClientRunner):
     """Client work in this process, one client after another."""
 
-    def train(self, rnd, p, phase, payloads):
-        sim = self.sim
-
-        def one(cid: int, payload: Payload):
-            state = sim.client_state(cid)
-            return train_client(
-                sim.algo, sim.envs[cid], sim.cfg.seed, rnd, p, phase, payload, state
-            )
-
-        return self._store((cid, one(cid, payload)) for cid, payload in payloads.items())
-
-    def evaluate(self, rnd, views, uploads=None, meanwhile=None):
-        sim = self.sim
+    def run(self, algo, envs, jobs, meanwhile=None):
         if meanwhile is not None:
             meanwhile()
-        return {
-            cid: evaluate_client(
-                sim.algo,
-                sim.envs[cid],
-                sim.cfg.seed,
-                rnd,
-                view,
-                sim.client_state(cid),
-                sim.cfg.eval.batch_size,
-                upload=None if uploads is None else uploads[cid],
-                finetune_epochs=sim.cfg.eval.finetune_epochs,
-            )
-            for cid, view in views.items()
-        }
+        return {job.cid: job.run(algo, envs[job.cid]) for job in jobs}
 
 
 # -- process pool -----------------------------------------------------------------------------------
 
-_WORKER: dict[str, Any] = {}  # in a worker process: its algorithm, environments and config
+_WORKER: dict[str, Any] = {}  # in a worker process: its algorithm and environments
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -329,24 +338,16 @@ def _worker_init(cfg_dump: dict[str, Any], data: FederatedDataset, threads: int)
     torch.set_num_threads(threads)
     cfg = validate(cfg_dump)
     _, envs = make_envs(cfg, data)
-    _WORKER.update(cfg=cfg, algo=build_algorithm(cfg.algorithm), envs=envs)
+    _WORKER.update(algo=build_algorithm(cfg.algorithm), envs=envs)
 
 
 def _worker_job(blob: bytes) -> bytes:
-    """Run one pickled job in a worker; reply ("ok", result), ("user", the PflkitError's
-    sentence, "") or ("error", the exception, the worker's traceback)."""
-    kind, cid, args = pickle.loads(blob)
-    cfg, algo, env = _WORKER["cfg"], _WORKER["algo"], _WORKER["envs"][cid]
+    """Run one pickled job in a worker, with the worker's algorithm and the job's client
+    environment; reply ("ok", result), ("user", the PflkitError's sentence, "") or ("error",
+    the exception, the worker's traceback)."""
+    job: Job = pickle.loads(blob)
     try:
-        if kind == "train":
-            update = train_client(algo, env, cfg.seed, *args)
-            result: Any = None if update is None else tuple(update)
-        else:
-            rnd, view, state, upload = args
-            e = cfg.eval
-            result = evaluate_client(
-                algo, env, cfg.seed, rnd, view, state, e.batch_size, upload, e.finetune_epochs
-            )
+        result = job.run(_WORKER["algo"], _WORKER["envs"][job.cid])
         return pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
     except PflkitError as err:
         return pickle.dumps(("user", str(err), ""))
@@ -356,21 +357,29 @@ def _worker_job(blob: bytes) -> bytes:
 
 class ProcessPool(ClientRunner):
     """Client work in ``workers`` processes with ``threads`` torch threads each (module
-    docstring). Workers start on first use. With one thread each they are forked from this
-    process (instant, and the dataset is shared copy-on-write); with more, a forked copy of a
-    process that has run multi-threaded torch kernels can hang, so they start from a fork
-    server (a fresh process; the dataset's tensors reach them through shared memory, and a
-    script that starts a run must guard it with ``if __name__ == "__main__":``)."""
+    docstring), built once from the run's config and data (:meth:`start`); each has its own
+    algorithm and client environments, and runs the jobs it is sent. Workers start on first
+    use. With one thread each they are forked from this process (instant, and the dataset is
+    shared copy-on-write); with more, a forked copy of a process that has run multi-threaded
+    torch kernels can hang, so they start from a fork server (a fresh process; the dataset's
+    tensors reach them through shared memory, and a script that starts a run must guard it
+    with ``if __name__ == "__main__":``)."""
 
     def __init__(self, workers: int, threads: int = 1):
         self.workers = workers
         self.threads = threads
         self.executor: ProcessPoolExecutor | None = None
+        self.initargs: tuple[Any, ...] | None = None
+
+    def start(self, cfg: ExperimentConfig, data: FederatedDataset) -> None:
+        self.initargs = (cfg.dump(), data, self.threads)
 
     def _pool(self) -> ProcessPoolExecutor:
         if self.executor is None:
             import multiprocessing as mp
 
+            if self.initargs is None:
+                raise RuntimeError("ProcessPool.start(cfg, data) was not called before run")
             methods = mp.get_all_start_methods()
             if self.threads == 1 and "fork" in methods:
                 method = "fork"  # instant; safe while the workers run torch single-threaded
@@ -379,31 +388,26 @@ class ProcessPool(ClientRunner):
             ctx = mp.get_context(method)
             if method == "forkserver":
                 ctx.set_forkserver_preload(["pflkit.engine.clients"])
-            sim = self.sim
             self.executor = ProcessPoolExecutor(
-                self.workers,
-                mp_context=ctx,
-                initializer=_worker_init,
-                initargs=(sim.cfg.dump(), sim.data, self.threads),
+                self.workers, mp_context=ctx, initializer=_worker_init, initargs=self.initargs
             )
         return self.executor
 
-    def _run(
-        self, what: str, rnd: int, jobs: dict[int, tuple], meanwhile: Callable[[], None] | None
-    ) -> dict[int, Any]:
-        """Run ``jobs`` (client -> job tuple), largest clients first, and ``meanwhile`` here
-        while they run; results in job order."""
+    def run(self, algo, envs, jobs, meanwhile=None):
+        """``jobs`` in the workers, largest clients first, and ``meanwhile`` here while they
+        run (``algo`` is the workers' own copy; ``envs`` give the clients' sizes)."""
         pool = self._pool()
-        envs = self.sim.envs
-        order = sorted(jobs, key=lambda c: -envs[c].num_train)
+        what = "training" if any(isinstance(j, TrainJob) for j in jobs) else "evaluating"
+        rnd = jobs[0].ctx.round if jobs else 0
+        order = sorted(jobs, key=lambda j: -envs[j.cid].num_train)
         try:
             futures: dict[int, Future] = {
-                cid: pool.submit(_worker_job, pickle.dumps(jobs[cid], pickle.HIGHEST_PROTOCOL))
-                for cid in order
+                job.cid: pool.submit(_worker_job, pickle.dumps(job, pickle.HIGHEST_PROTOCOL))
+                for job in order
             }
             if meanwhile is not None:
                 meanwhile()
-            replies = {cid: pickle.loads(futures[cid].result()) for cid in jobs}
+            replies = {job.cid: pickle.loads(futures[job.cid].result()) for job in jobs}
         except BrokenProcessPool:
             self.close(kill=True)
             raise PflkitError(
@@ -426,26 +430,6 @@ class ProcessPool(ClientRunner):
                 )
             out[cid] = value
         return out
-
-    def train(self, rnd, p, phase, payloads):
-        sim = self.sim
-        jobs = {
-            cid: ("train", cid, (rnd, p, phase, payload, sim.client_state(cid)))
-            for cid, payload in payloads.items()
-        }
-        return self._store(self._run("training", rnd, jobs, None).items())
-
-    def evaluate(self, rnd, views, uploads=None, meanwhile=None):
-        sim = self.sim
-        jobs = {
-            cid: (
-                "evaluate",
-                cid,
-                (rnd, view, sim.client_state(cid), None if uploads is None else uploads[cid]),
-            )
-            for cid, view in views.items()
-        }
-        return self._run("evaluating", rnd, jobs, meanwhile)
 
     def close(self, kill: bool = False) -> None:
         ex, self.executor = self.executor, None

@@ -6,9 +6,10 @@ Per round ``r`` (1-based):
    the round, the client count and ``train.client_fraction``: every algorithm sees the same
    sequence; a range ``[a, b]`` draws the round's share first, :func:`round_fraction`, and the
    row records it as ``client_fraction``);
-2. for each phase of the algorithm: ``configure`` each selected client's payload, hand the
-   payloads to the client runner (:mod:`pflkit.engine.clients`: in-process, process pool or
-   Flower), count the bytes of payloads and uploads, then ``aggregate`` (torch seeded from
+2. for each phase of the algorithm: ``configure`` each selected client's payload, hand one job
+   per client (payload, state, round context) to the client runner
+   (:mod:`pflkit.engine.clients`: in-process, process pool or Flower), keep the client states
+   it returns, count the bytes of payloads and uploads, then ``aggregate`` (torch seeded from
    (seed, round, phase));
 3. evaluate on the schedule (``eval.every`` and always the last round): the global model on the
    global test set here, and, at the same time, every client's personalized model through the
@@ -40,7 +41,17 @@ from pflkit.algorithms.base import State, Upload, nbytes, parse_params
 from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
-from pflkit.engine.clients import ClientRunner, init_client, make_runner, seed_torch, system_draw
+from pflkit.engine.clients import (
+    EVALUATE,
+    ClientRunner,
+    EvalJob,
+    TrainJob,
+    init_client,
+    make_runner,
+    round_context,
+    seed_torch,
+    system_draw,
+)
 from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
@@ -103,7 +114,7 @@ class Simulation:
         self.server: State = self.algo.server_init(self.senv)
         self.clients: dict[int, State] = {}
         self.round = 0
-        self.runner.start(self)
+        self.runner.start(cfg, self.data)
 
     def close(self) -> None:
         """Stop the runner's workers (if any)."""
@@ -120,6 +131,11 @@ class Simulation:
         if cid not in self.clients:
             self.clients[cid] = init_client(self.algo, self.envs[cid], self.cfg.seed)
         return self.clients[cid]
+
+    def job_state(self, cid: int) -> State | None:
+        """Client ``cid``'s state as its job carries it: None where the runner's clients keep
+        their own (Flower nodes)."""
+        return self.client_state(cid) if self.runner.keeps_state else None
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: Path, fingerprint: str = "") -> None:
@@ -157,6 +173,7 @@ class Simulation:
         up = dict.fromkeys(selected, 0)
         losses: list[float] = []
         failed: list[int] = []
+        diverged: list[int] = []  # left out by train.on_nan: skip_client (keep their state)
         uploads: dict[int, Upload] = {}
         for p, phase in enumerate(algo.phases(rnd)):
             payloads = {
@@ -166,13 +183,28 @@ class Simulation:
             }
             for cid, payload in payloads.items():
                 down[cid] += nbytes(payload)
-            results = self.runner.train(rnd, p, phase, payloads)
-            failed += [cid for cid in payloads if cid not in results]
-            uploads = {cid: upload for cid, (upload, _) in results.items()}
-            for cid, (upload, metrics) in results.items():
-                up[cid] += nbytes(upload)
-                if "train_loss" in metrics:
-                    losses.append(metrics["train_loss"])
+            jobs = [
+                TrainJob(
+                    cid,
+                    payload,
+                    self.job_state(cid),
+                    round_context(senv.run, rnd, phase, straggler=cid in stragglers),
+                    phase_index=p,
+                )
+                for cid, payload in payloads.items()
+            ]
+            results = self.runner.run(algo, self.envs, jobs)
+            diverged += [cid for cid, update in results.items() if update is None]
+            updates = {cid: update for cid, update in results.items() if update is not None}
+            if self.runner.keeps_state:
+                for cid, update in updates.items():
+                    self.clients[cid] = update.state
+            failed += [cid for cid in payloads if cid not in updates]
+            uploads = {cid: update.upload for cid, update in updates.items()}
+            for cid, update in updates.items():
+                up[cid] += nbytes(update.upload)
+                if "train_loss" in update.metrics:
+                    losses.append(update.metrics["train_loss"])
             if uploads:  # nothing to aggregate when every client failed or dropped
                 seed_torch(cfg.seed, rnd, p, 0xA6)
                 self.server = algo.aggregate(senv, self.server, uploads, rnd, phase)
@@ -192,6 +224,8 @@ class Simulation:
         row["bytes_up"] = [up[c] for c in selected]
         if rnd % cfg.eval.every == 0 or rnd > cfg.train.rounds - max(cfg.eval.last, 1):
             row.update(self.evaluate(rnd, uploads))
+        if diverged:
+            row["diverged_clients"] = diverged
         row.update(self.runner.row_extras(row))
         t2 = time.perf_counter()
         # the only non-deterministic fields of a metrics row start with "seconds_"
@@ -207,7 +241,7 @@ class Simulation:
         both also on validation data (the ``val_*`` fields)."""
         cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
         row: dict[str, Any] = {}
-        gw = algo.global_weights(senv, self.server)
+        gw = algo.global_weights(senv, self.server, rnd)
 
         def score_global() -> None:
             if cfg.eval.global_model and gw is not None:
@@ -216,16 +250,22 @@ class Simulation:
                 if self.val_xy is not None:
                     row.update(global_val_metrics(model, gw, *self.val_xy, cfg.eval.batch_size))
 
-        n = data.num_clients
-        views = {cid: algo.eval_view(senv, self.server, cid) for cid in range(n)}
-        acc = self.runner.evaluate(rnd, views, meanwhile=score_global)
+        n, ctx, e = data.num_clients, round_context(senv.run, rnd, EVALUATE), cfg.eval
+        views = {cid: algo.eval_view(senv, self.server, cid, rnd) for cid in range(n)}
+
+        def job(cid: int, upload: Upload | None = None) -> EvalJob:
+            state = self.job_state(cid)
+            return EvalJob(cid, views[cid], state, ctx, e.batch_size, e.finetune_epochs, upload)
+
+        acc = self.runner.run(algo, self.envs, [job(cid) for cid in range(n)], score_global)
         counts = np.array([len(c.test_y) for c in data.clients], dtype=float)
         row.update(personal_metrics({cid: a["test"] for cid, a in acc.items()}, n, counts))
         if self.val_xy is not None:
             val_counts = np.array([len(c.val_y) for c in data.clients], dtype=float)
             row.update(val_metrics({cid: a["val"] for cid, a in acc.items()}, val_counts))
         if cfg.eval.selected_clients and uploads:
-            sel = self.runner.evaluate(rnd, {cid: views[cid] for cid in uploads}, uploads)
+            selected = [job(cid, upload) for cid, upload in uploads.items()]
+            sel = self.runner.run(algo, self.envs, selected)
             row["pers_acc_selected"] = float(np.mean([a["test"] for a in sel.values()]))
         missing = sorted(set(range(n)) - set(acc))
         if missing:

@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor, nn
 
-from pflkit.algorithms.blocks.training import accuracy_and_loss, local_sgd, predict, set_weights
+from pflkit.algorithms.blocks.training import (
+    PLAIN_SGD,
+    LocalOptim,
+    accuracy_and_loss,
+    local_sgd,
+    predict,
+    set_weights,
+)
 
 if TYPE_CHECKING:
     from pflkit.config import TrainConfig
@@ -64,10 +71,17 @@ def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> float:
     return hits / max(len(y), 1)
 
 
-def finetuned(model: nn.Module, x: Tensor, y: Tensor, train: TrainConfig, epochs: int) -> nn.Module:
+def finetuned(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    train: TrainConfig,
+    epochs: int,
+    optim: LocalOptim = PLAIN_SGD,
+) -> nn.Module:
     """A copy of ``model`` trained for ``epochs`` epochs of plain local SGD with cross-entropy
     on ``(x, y)`` at ``train``'s lr, batch size, momentum and weight decay (``local_sgd``: the
-    optimiser, lr factor and drop_last of the enclosing ``local_optim``); ``model`` itself is
+    optimiser, lr factor and drop_last of ``optim``, the round's); ``model`` itself is
     not touched. ``eval.finetune_epochs``, after FedProto's code (lib/update.py,
     ``LocalTest.fine_tune``: ``--ft_round`` epochs on the client's data before scoring)."""
     tuned = copy.deepcopy(model)
@@ -80,6 +94,7 @@ def finetuned(model: nn.Module, x: Tensor, y: Tensor, train: TrainConfig, epochs
         lr=train.lr,
         momentum=train.momentum,
         weight_decay=train.weight_decay,
+        optim=optim,
     )
     return tuned
 

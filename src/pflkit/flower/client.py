@@ -28,7 +28,14 @@ from flwr.clientapp import ClientApp
 
 from pflkit.algorithms import build_algorithm
 from pflkit.data.federated import build_federated
-from pflkit.engine.clients import evaluate_client, init_client, train_client
+from pflkit.engine.clients import (
+    EVALUATE,
+    evaluate_client,
+    init_client,
+    round_context,
+    system_draw,
+    train_client,
+)
 from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
@@ -116,7 +123,10 @@ def train(msg: Message, context: Context) -> Message:
     state = w.state(context.state, cid)
     payload = codec.get(msg.content, "payload", device=w.envs[cid].device)
     phase = str(info["phase"])
-    update = train_client(w.algo, w.envs[cid], w.cfg.seed, rnd, p, phase, payload, state)
+    run = w.envs[cid].run  # a straggler of the round, drawn as the server draws it
+    straggler = system_draw(run.system, run.seed, rnd, cid)[1]
+    ctx = round_context(run, rnd, phase, straggler)
+    update = train_client(w.algo, w.envs[cid], payload, state, ctx, p)
     if update is None:  # train.on_nan: skip_client; the server records a failed client
         raise PflkitError(f"client {cid} diverged in round {rnd}: left out (train.on_nan)")
     upload, state, metrics = update
@@ -139,8 +149,9 @@ def evaluate(msg: Message, context: Context) -> Message:
         codec.get(context.state, f"upload.{cid}", device=w.envs[cid].device) if selected else None
     )
     e = w.cfg.eval
+    ctx = round_context(w.envs[cid].run, rnd, EVALUATE)
     acc = evaluate_client(
-        w.algo, w.envs[cid], w.cfg.seed, rnd, view, state, e.batch_size, upload, e.finetune_epochs
+        w.algo, w.envs[cid], view, state, ctx, e.batch_size, upload, e.finetune_epochs
     )
     return _reply(msg, accuracy=acc)  # {"test": ..., "val": ...}: split -> accuracy
 

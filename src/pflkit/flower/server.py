@@ -3,8 +3,9 @@
 :class:`FlowerRunner` is a :class:`~pflkit.engine.clients.ClientRunner`: the engine's own
 :class:`~pflkit.engine.simulation.Simulation` runs the round loop (sampling, seeding,
 aggregation, evaluation, the run folder) and hands the client side (training, evaluation) to
-this runner, which sends it out as Flower messages; the nodes run the same client functions as
-every other runner, so a Flower run reproduces the embedded run of the same config and seed.
+this runner as jobs, which it sends out as Flower messages; the nodes run the same client
+functions as every other runner, so a Flower run reproduces the embedded run of the same config
+and seed. Client state lives on the nodes: jobs carry none and results return none.
 
 - **Node discovery.** The server asks every connected SuperNode which clients it hosts
   (``query``) until every client of the config has a node, or ``node-wait`` seconds pass.
@@ -22,10 +23,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 from flwr.app import Message, RecordDict
 
-from pflkit.algorithms.base import Payload
-from pflkit.engine.clients import ClientRunner
+from pflkit.algorithms.base import Update
+from pflkit.config import resolve_device
+from pflkit.engine.clients import ClientRunner, EvalJob, TrainJob
 from pflkit.errors import PflkitError
 from pflkit.flower import codec
 from pflkit.flower.client import INFO, info_record
@@ -53,10 +56,11 @@ class FlowerRunner(ClientRunner):
         self.failures: list[dict[str, Any]] = []
         self.state_rounds: dict[int, int] = {}
 
-    def start(self, sim) -> None:
-        super().start(sim)
-        self.config_text = sim.cfg.to_yaml()
-        self.num_clients = sim.data.num_clients
+    def start(self, cfg, data) -> None:
+        self.config_text = cfg.to_yaml()
+        self.num_clients = data.num_clients
+        self.rounds = cfg.train.rounds
+        self.device = torch.device(resolve_device(cfg.device))  # where uploads are decoded to
         self.discover(self.node_wait)
 
     # -- nodes -----------------------------------------------------------------------------
@@ -150,37 +154,49 @@ class FlowerRunner(ClientRunner):
         self.log(f"pflkit: round {rnd}: client {cid} failed ({kind}): {reason}")
 
     # -- the client side of the round loop -------------------------------------------------------
-    def train(self, rnd: int, p: int, phase: str, payloads: dict[int, Payload]):
+    def run(self, algo, envs, jobs, meanwhile=None):
+        """The jobs as messages to the nodes that host their clients (``algo`` and ``envs``
+        are the nodes' own)."""
+        if meanwhile is not None:
+            meanwhile()
+        if not jobs:
+            return {}
+        if isinstance(jobs[0], TrainJob):
+            return self.train(jobs)
+        return self.evaluate(jobs)
+
+    def train(self, jobs: list[TrainJob]) -> dict[int, Update]:
+        """Each node trains its clients and keeps their new states: per client, its upload
+        and metrics (an :class:`~pflkit.algorithms.Update` without state)."""
+        ctx = jobs[0].ctx  # one phase: the same round and phase for every job
         replies = self._send(
             "train",
-            rnd,
-            {c: {"payload": pl} for c, pl in payloads.items()},
-            phase_index=p,
-            phase=phase,
+            ctx.round,
+            {job.cid: {"payload": job.payload} for job in jobs},
+            phase_index=jobs[0].phase_index,
+            phase=ctx.phase,
         )
         out = {}
         for cid, content in replies.items():
-            upload = codec.get(content, "upload", device=self.sim.senv.device)
-            out[cid] = (upload, codec.get(content, "metrics"))
+            upload = codec.get(content, "upload", device=self.device)
+            out[cid] = Update(upload, None, codec.get(content, "metrics"))
             self.state_rounds[cid] = codec.get(content, "state_rounds")
         return out
 
-    def evaluate(self, rnd, views, uploads=None, meanwhile=None):
+    def evaluate(self, jobs: list[EvalJob]) -> dict[int, dict[str, float]]:
         """Each node scores its clients itself (a client whose personalized model is the
-        global model is scored with the view's global weights); MAP's protocol uses the
-        upload each node kept from the round's training. Per client: its accuracy per split
-        (``"test"``, and ``"val"`` with a validation split)."""
-        if meanwhile is not None:
-            meanwhile()
-        mode = "personal" if uploads is None else "selected"
-        jobs = {c: {"view": view} for c, view in views.items()}
-        replies = self._send("evaluate", rnd, jobs, mode=mode)
+        global model is scored with the view's global weights); MAP's protocol (jobs with an
+        upload) uses the upload each node kept from the round's training. Per client: its
+        accuracy per split (``"test"``, and ``"val"`` with a validation split)."""
+        mode = "personal" if jobs[0].upload is None else "selected"
+        views = {job.cid: {"view": job.view} for job in jobs}
+        replies = self._send("evaluate", jobs[0].ctx.round, views, mode=mode)
         return {cid: codec.get(content, "accuracy") for cid, content in replies.items()}
 
     def row_extras(self, row: dict[str, Any]) -> dict[str, Any]:
         rnd = row["round"]
         shown = [f"{k} {row[k]:.4f}" for k in ("global_acc", "pers_acc_mean") if k in row]
-        self.log(f"pflkit: round {rnd}/{self.sim.cfg.train.rounds} " + " ".join(shown))
+        self.log(f"pflkit: round {rnd}/{self.rounds} " + " ".join(shown))
         row = {}
         if self.failures:
             row["failures"], self.failures = self.failures, []

@@ -61,8 +61,15 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Algorithm, Payload, State, Update, Upload, param
-from pflkit.algorithms.blocks.training import get_weights, local_sgd, predict, set_weights
+from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, Upload, param
+from pflkit.algorithms.blocks.training import (
+    PLAIN_SGD,
+    LocalOptim,
+    get_weights,
+    local_sgd,
+    predict,
+    set_weights,
+)
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.config import TrainConfig
 from pflkit.errors import PflkitError
@@ -120,8 +127,10 @@ def distill(
     kind: str = "kl",
     momentum: float = 0.0,
     weight_decay: float = 0.0,
+    optim: LocalOptim = PLAIN_SGD,
 ) -> float:
-    """Train ``model`` in place to match ``teacher`` probabilities on ``x`` (the one SGD loop)."""
+    """Train ``model`` in place to match ``teacher`` probabilities on ``x`` (the one SGD loop;
+    ``optim``: a client's round optimiser, ``RoundContext.optim``)."""
     return local_sgd(
         model,
         x,
@@ -132,6 +141,7 @@ def distill(
         momentum=momentum,
         weight_decay=weight_decay,
         loss_fn=kd_loss(temperature, kind),
+        optim=optim,
     )
 
 
@@ -226,18 +236,18 @@ class SoftTeacherKD(Algorithm):
             return {} if idx is None else {"public_idx": idx}
         return {"teacher": server["teachers"][cid].clone()}
 
-    def _train_private(self, env: ClientEnv, model: nn.Module, rnd: int) -> float:
-        return env.train(model, epochs=self.local_epochs(env, rnd))
+    def _train_private(self, env: ClientEnv, model: nn.Module, ctx: RoundContext) -> float:
+        return env.train(model, ctx, epochs=self.local_epochs(env, ctx.round))
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         set_weights(model, state["weights"])
         metrics: dict[str, float] = {}
         new_state = dict(state)
-        if phase == "share":
+        if ctx.phase == "share":
             new_state["public_idx"] = payload.get("public_idx")
             if self.order == "train_then_distill":
-                metrics["train_loss"] = self._train_private(env, model, rnd)
+                metrics["train_loss"] = self._train_private(env, model, ctx)
             x = public_subset(env, new_state.get("public_idx"))
             upload: Upload = {
                 "soft": soft_predictions(model, x, self.params.temperature),
@@ -247,10 +257,10 @@ class SoftTeacherKD(Algorithm):
             x = public_subset(env, state.get("public_idx"))
             teacher = payload["teacher"]
             metrics["distill_loss"] = distill_configured(
-                env.run.train, self.params, model, x, teacher
+                env.run.train, self.params, model, x, teacher, ctx.optim
             )
             if self.order == "distill_then_train":
-                metrics["train_loss"] = self._train_private(env, model, rnd)
+                metrics["train_loss"] = self._train_private(env, model, ctx)
             upload = self.distill_upload(model, x)
         if new_state.get("public_idx") is None:
             new_state.pop("public_idx", None)
@@ -294,10 +304,10 @@ class SoftTeacherKD(Algorithm):
         return server
 
     # -- evaluation ---------------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None  # every client keeps its own (possibly unique) architecture
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return state["weights"]
 
 
@@ -321,11 +331,17 @@ def public_subset(env: ClientEnv, idx: Tensor | None) -> Tensor:
 
 
 def distill_configured(
-    t: TrainConfig, p: DistillParams, model: nn.Module, x: Tensor, teacher: Tensor
+    t: TrainConfig,
+    p: DistillParams,
+    model: nn.Module,
+    x: Tensor,
+    teacher: Tensor,
+    optim: LocalOptim = PLAIN_SGD,
 ) -> float:
     """:func:`distill` with an algorithm's distillation parameters (``distill_epochs``,
     ``distill_batch_size``, ``distill_lr``, ``temperature``, ``kd_loss``) and the run's
-    optimiser settings ``t`` (learning rate by default, momentum, weight decay)."""
+    optimiser settings ``t`` (learning rate by default, momentum, weight decay); ``optim``: a
+    client's round optimiser (``RoundContext.optim``), plain SGD on the server."""
     return distill(
         model,
         x,
@@ -337,4 +353,5 @@ def distill_configured(
         kind=p.kd_loss,
         momentum=t.momentum,
         weight_decay=t.weight_decay,
+        optim=optim,
     )

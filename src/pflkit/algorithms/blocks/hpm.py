@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import State, param
+from pflkit.algorithms.base import RoundContext, State, param
 from pflkit.algorithms.blocks.training import LossFn, Weights, get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv
 
@@ -147,20 +147,21 @@ def recompute_bn(model: nn.Module, x: Tensor, batch_size: int) -> None:
 
 
 def personalize(
-    env: ClientEnv, model: nn.Module, state: State, p: HPMParams, **train: object
+    env: ClientEnv, model: nn.Module, state: State, p: HPMParams, ctx: RoundContext, **train: object
 ) -> tuple[State, float]:
-    """Fine-tune ``model`` (already holding the start weights) with KT from the client's HPM,
-    then fold the result into the HPM. Returns the new client state and the mean loss."""
+    """Fine-tune ``model`` (already holding the start weights) with KT from the client's HPM
+    in round context ``ctx``, then fold the result into the HPM. Returns the new client state
+    and the mean loss."""
     if "hpm" not in state and p.hpm_init == "start":  # PFLlib: KT from the first selection
         state = {**state, "hpm": get_weights(model), "selected": 0}
     hpm = state.get("hpm")
     if hpm is None:
-        loss = env.train(model, **train)
+        loss = env.train(model, ctx, **train)
         new_hpm = get_weights(model)
     else:
         teacher = env.model(slot="hpm_teacher")
         set_weights(teacher, hpm)
-        loss = env.train(model, loss_fn=kt_loss(teacher, p), **train)
+        loss = env.train(model, ctx, loss_fn=kt_loss(teacher, p), **train)
         z = state["selected"] + 1
         m = hpm_momentum(z, env.run.client_fraction, env.run.rounds, p.mu, p.mu_schedule)
         new_hpm = hpm_update(hpm, get_weights(model), m)

@@ -16,6 +16,7 @@ import torch
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
+    RoundContext,
     State,
     Update,
     Weighting,
@@ -107,13 +108,13 @@ class SplitBody(Algorithm):
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str) -> Payload:
         return {"body": server["body"]}
 
-    def local_train(self, env: ClientEnv, model: PFLModel) -> float:
+    def local_train(self, env: ClientEnv, model: PFLModel, ctx: RoundContext) -> float:
         raise NotImplementedError
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, rnd: int, phase: str):
+    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         model = env.model()
         set_weights(model, {**payload["body"], **state["head"]})
-        loss = self.local_train(env, model)
+        loss = self.local_train(env, model, ctx)
         w = get_weights(model)
         upload = {"body": {k: w[k] for k in self.shared_keys(model)}, "num_samples": env.num_train}
         private = {k: w[k] for k in self.private_keys(model)}
@@ -123,16 +124,16 @@ class SplitBody(Algorithm):
         uniform = self.params.weighting == "uniform"
         return {**server, "body": weighted_average(uploads, "body", uniform=uniform)}
 
-    def global_weights(self, env: ServerEnv, server: State):
+    def global_weights(self, env: ServerEnv, server: State, rnd: int):
         return None
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int) -> Payload:
+    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
         return {"body": server["body"]}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State):
+    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         return {**view["body"], **state["head"]}
 
-    def trained_weights(self, env, view, upload, state):
+    def trained_weights(self, env, view, upload, state, ctx):
         """MAP's protocol: the model right after local training, the body this client trained
         (its upload) with its trained private part, not this round's aggregated body."""
         return {**upload["body"], **state["head"]}

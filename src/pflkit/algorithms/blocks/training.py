@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -58,45 +57,31 @@ def unprefixed(weights: Mapping[str, Tensor], prefix: str) -> Weights:
 
 @dataclass(frozen=True)
 class LocalOptim:
-    """The optimiser :func:`local_sgd` builds and the factor on its learning rate."""
+    """The optimiser :func:`local_sgd` builds, the factor on its learning rate and its batching:
+    a round's ``train.optimizer``, ``train.lr_schedule`` factor and ``train.drop_last``, as the
+    round context gives them (:attr:`~pflkit.algorithms.RoundContext.optim`). The default,
+    :data:`PLAIN_SGD`, is SGD at the lr given, every batch (server-side training)."""
 
-    name: str = "sgd"  # sgd | adam | adamw (train.optimizer)
-    lr_scale: float = 1.0  # the round's learning-rate schedule factor (config.lr_factor)
+    optimizer: str = "sgd"  # sgd | adam | adamw (train.optimizer)
+    lr_factor: float = 1.0  # the round's learning-rate schedule factor (config.lr_factor)
     drop_last: bool = False  # epochs skip their last, incomplete batch (train.drop_last)
 
 
-_LOCAL_OPTIM: ContextVar[LocalOptim] = ContextVar("local_optim", default=LocalOptim())  # noqa: B039 (frozen)
-
-
-@contextmanager
-def local_optim(name: str, lr_scale: float = 1.0, drop_last: bool = False) -> Iterator[None]:
-    """Within the block, every :func:`local_sgd` call uses optimiser ``name``, multiplies its
-    ``lr`` by ``lr_scale`` and, with ``drop_last``, skips each epoch's incomplete last batch
-    (:func:`steps_per_epoch` counts accordingly). The engine wraps each client's round in it
-    (``train.optimizer``, ``train.lr_schedule``, ``train.drop_last``), so algorithms need no
-    code for any of them."""
-    token = _LOCAL_OPTIM.set(LocalOptim(name, lr_scale, drop_last))
-    try:
-        yield
-    finally:
-        _LOCAL_OPTIM.reset(token)
-
-
-def scheduled_lr(lr: float) -> float:
-    """``lr`` as :func:`local_sgd` runs it inside the enclosing :func:`local_optim` (times the
-    round's ``train.lr_schedule`` factor): for formulas that divide by the step size."""
-    return lr * _LOCAL_OPTIM.get().lr_scale
+PLAIN_SGD = LocalOptim()
 
 
 def make_optimizer(
-    params: list[Tensor], lr: float, momentum: float, weight_decay: float
+    params: list[Tensor],
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    optim: LocalOptim = PLAIN_SGD,
 ) -> torch.optim.Optimizer:
-    """The optimiser of the enclosing :func:`local_optim` (default: SGD), at its scaled lr."""
-    o = _LOCAL_OPTIM.get()
-    lr = scheduled_lr(lr)
-    if o.name == "adam":
+    """The optimiser ``optim`` names (default: SGD), at ``lr`` times its lr factor."""
+    lr = lr * optim.lr_factor
+    if optim.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    if o.name == "adamw":
+    if optim.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
@@ -167,9 +152,10 @@ def local_sgd(
     steps: int | None = None,
     grad_hooks: Sequence[GradHook] = (),
     transform: Callable[[Tensor], Tensor] | None = None,
+    optim: LocalOptim = PLAIN_SGD,
 ) -> float:
-    """Train ``model`` in place with mini-batch steps (SGD unless :func:`local_optim` names
-    another optimiser); return the mean training loss.
+    """Train ``model`` in place with mini-batch steps of the optimiser ``optim`` names
+    (default: SGD); return the mean training loss.
 
     The local objective is ``loss_fn(model, x_batch, y_batch)``. Each epoch visits every
     sample once in a fresh random order drawn from torch's global RNG (the engine seeds it per
@@ -182,19 +168,20 @@ def local_sgd(
     ``grad_hooks`` run in order after each backward pass and before the optimiser step, each
     editing the gradients of ``params`` in place: :func:`clip_grad`, :func:`shift_grad`,
     :func:`proximal_pull`. ``transform`` (e.g. :func:`crop_flip`) augments each input batch.
-    The optimiser is SGD unless the caller runs inside :func:`local_optim`, which also scales
-    ``lr`` (the engine does, per round: ``train.optimizer`` and ``train.lr_schedule``).
+    ``optim`` also scales ``lr`` and, with ``drop_last``, skips each epoch's incomplete last
+    batch (:func:`steps_per_epoch` counts accordingly): a client passes its round's
+    (``RoundContext.optim``: ``train.optimizer``, ``train.lr_schedule``, ``train.drop_last``).
     """
     model.train()
     params = list(model.parameters() if params is None else params)
-    opt = make_optimizer(params, lr, momentum, weight_decay)
+    opt = make_optimizer(params, lr, momentum, weight_decay, optim)
     n = len(y)
     if steps is None:
-        steps = epochs * steps_per_epoch(n, batch_size)
+        steps = epochs * steps_per_epoch(n, batch_size, optim.drop_last)
     total = torch.zeros((), device=x.device)
     done = 0
     # the last batch's start: with drop_last only full batches (one short one when n < batch)
-    end = n - batch_size + 1 if _LOCAL_OPTIM.get().drop_last and n >= batch_size else n
+    end = n - batch_size + 1 if optim.drop_last and n >= batch_size else n
     with frozen_except(model, params):
         while done < steps:
             # drawn on the CPU whatever the device, so a seed gives the same batches everywhere
@@ -252,10 +239,10 @@ def proximal_pull(anchors: Sequence[tuple[Tensor, Tensor]], mu: float) -> GradHo
     return hook
 
 
-def steps_per_epoch(n: int, batch_size: int) -> int:
-    """Mini-batches in one epoch of ``n`` samples: ceil(n / batch_size), or, inside
-    ``local_optim(..., drop_last=True)``, the full batches only (at least one)."""
-    if _LOCAL_OPTIM.get().drop_last:
+def steps_per_epoch(n: int, batch_size: int, drop_last: bool = False) -> int:
+    """Mini-batches in one epoch of ``n`` samples: ceil(n / batch_size), or, with
+    ``drop_last`` (``train.drop_last``), the full batches only (at least one)."""
+    if drop_last:
         return max(n // batch_size, 1)
     return -(-n // batch_size)
 

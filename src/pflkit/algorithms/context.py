@@ -1,0 +1,42 @@
+"""The round context: what a client's work in one round needs to know besides its environment,
+its payload and its state, passed explicitly to every client-side hook of the contract
+(:meth:`~pflkit.algorithms.Algorithm.client_update`, ``personal_weights``,
+``trained_weights``) and from there to :meth:`~pflkit.algorithms.ClientEnv.train`.
+
+The engine builds one per client and exchange (:func:`pflkit.engine.clients.round_context`);
+a test builds one by hand, e.g. ``RoundContext(1)`` for plain SGD in round 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pflkit.algorithms.blocks.training import LocalOptim
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """One client's round, as the engine runs it (frozen: hooks read it, never change it)."""
+
+    round: int  # 1-based
+    phase: str = "train"  # the exchange (``phases(round)``), "evaluate" for evaluation
+    seed: int = 0  # the run's seed (``seed``)
+    lr_factor: float = 1.0  # the round's learning-rate factor (``train.lr_schedule``)
+    optimizer: str = "sgd"  # sgd | adam | adamw (``train.optimizer``)
+    drop_last: bool = False  # epochs skip their last, incomplete batch (``train.drop_last``)
+    # the share of its local steps the client runs this round: below 1 for a straggler
+    # (``system.straggler_work``)
+    work: float = 1.0
+
+    @property
+    def optim(self) -> LocalOptim:
+        """The optimiser, lr factor and batching that ``local_sgd`` runs with this round."""
+        return LocalOptim(self.optimizer, self.lr_factor, self.drop_last)
+
+    def work_steps(self, steps: int) -> int:
+        """How many of ``steps`` local steps the client runs this round: all of them, or a
+        straggler's ``max(1, floor(work * steps))`` (none of none)."""
+        if self.work >= 1 or steps == 0:
+            return steps
+        return max(1, math.floor(self.work * steps))
