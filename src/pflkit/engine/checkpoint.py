@@ -56,8 +56,8 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict[str,
         ) from None
     head, _, payload = data.partition(b"\n")
     if not head.startswith(MAGIC):  # written before checksums (2026-11-26): nothing to check
-        head, payload = MAGIC + hashlib.sha256(data).hexdigest().encode(), data
-    if hashlib.sha256(payload).hexdigest().encode() != head[len(MAGIC) :]:
+        payload = data
+    elif hashlib.sha256(payload).hexdigest().encode() != head[len(MAGIC) :]:
         raise PflkitError(
             f"checkpoint '{path}' fails its checksum (its bytes changed after pflkit wrote "
             "it): delete it and run again from the start, or restore it from a copy"

@@ -276,14 +276,16 @@ def _run_all(
             finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for f in finished:
                 name, err = pending.pop(f), f.exception()
-                if isinstance(err, BrokenProcessPool) and not signalled.signal:
+                if isinstance(err, BrokenProcessPool):
+                    if signalled.signal:  # a worker the compare's own signal stopped early
+                        continue
                     err = PflkitError(
                         f"a job worker process died while running '{name}' (killed, or out of "
                         "memory): run the same command again to continue (finished runs are "
                         "kept, interrupted ones resume from their checkpoints)"
                     )
-                if isinstance(err, RunInterrupted | BrokenProcessPool):  # signalled
-                    signalled.signal = signalled.signal or getattr(err, "signal", "SIGTERM")
+                if isinstance(err, RunInterrupted):  # signalled (through the compare or not)
+                    signalled.signal = signalled.signal or err.signal
                 elif _goes_on(err, keep_going):
                     failures[name] = err
                     if progress is not False:

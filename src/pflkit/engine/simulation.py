@@ -196,12 +196,11 @@ class Simulation:
             results = self.runner.run(algo, self.envs, jobs)
             diverged += [cid for cid, update in results.items() if update is None]
             updates = {cid: update for cid, update in results.items() if update is not None}
-            if self.runner.keeps_state:
-                for cid, update in updates.items():
-                    self.clients[cid] = update.state
             failed += [cid for cid in payloads if cid not in updates]
             uploads = {cid: update.upload for cid, update in updates.items()}
             for cid, update in updates.items():
+                if self.runner.keeps_state:
+                    self.clients[cid] = update.state
                 up[cid] += nbytes(update.upload)
                 if "train_loss" in update.metrics:
                     losses.append(update.metrics["train_loss"])
