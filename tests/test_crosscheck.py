@@ -197,3 +197,55 @@ def test_a_reference_that_scores_after_training_is_shifted_one_round(xc):
     curve = {0: 0.1, 1: 0.5, 2: 0.6, 3: 0.7}
     assert xc.aligned(curve, 1, 3) == {1: 0.1, 2: 0.5, 3: 0.6}
     assert xc.aligned(curve, 0, 3) == curve
+
+
+def _fake_pfllib_system(root: Path, main_calls: int = 1) -> Path:
+    system = root / "system"
+    (system / "flcore" / "clients").mkdir(parents=True)
+    (system / "main.py").write_text("import torch\n" + "torch.manual_seed(0)\n" * main_calls)
+    (system / "flcore" / "clients" / "clientbase.py").write_text(
+        "class Client:\n    def __init__(self):\n        torch.manual_seed(0)\n"
+    )
+    return system
+
+
+def test_seeded_copy_seeds_both_of_pfllibs_calls_and_leaves_the_original(xc, tmp_path):
+    system = _fake_pfllib_system(tmp_path)
+    copy = xc.seeded_copy(system, 4)
+    assert copy == tmp_path / "system-seed4"
+    assert (copy / "main.py").read_text() == "import torch\ntorch.manual_seed(4)\n"
+    assert "        torch.manual_seed(4)\n" in (copy / "flcore/clients/clientbase.py").read_text()
+    assert "torch.manual_seed(0)" in (system / "main.py").read_text()
+
+
+def test_seeded_copy_refuses_a_checkout_whose_seed_call_is_not_there_once(xc, tmp_path):
+    system = _fake_pfllib_system(tmp_path, main_calls=2)
+    with pytest.raises(xc.Usage, match="main.py does not call torch.manual_seed"):
+        xc.seeded_copy(system, 1)
+
+
+def test_independent_seeds_with_an_flbench_case_exits_2(xc, tmp_path, capsys):
+    argv = ["--algorithms", "local,fedbn", "--independent-seeds", "--out", str(tmp_path / "x")]
+    assert xc.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--independent-seeds applies to PFLlib cases only (fedbn run FL-bench" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_row_with_independent_seeds_is_its_own_line_of_the_summary(xc, tmp_path):
+    import json
+
+    row = {
+        "algorithm": "local",
+        "reference": [0.90, 0.92],
+        "pflkit": [0.91, 0.93],
+        "diff": 0.01,
+        "se": 0.02,
+        "verdict": "within noise",
+        "seconds_reference": 1.0,
+        "seconds_pflkit": 1.0,
+    }
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "reference_seeds": "independent"}))
+    lines = xc.summary([path]).splitlines()[2:]
+    assert [x.split(" | ")[0] for x in lines] == ["| local", "| local (independent seeds)"]

@@ -19,7 +19,10 @@ after i rounds of training.
 Seeds: PFLlib seeds torch once per process (``torch.manual_seed(0)`` in main.py) and runs
 ``-t`` repetitions one after the other, so its three "seeds" are its repetitions 0, 1, 2 of one
 process; pflkit runs seeds 0, 1, 2. The two sides' seeds are therefore not paired; the verdict
-compares the two means with the seeds' spread (``verdict``).
+compares the two means with the seeds' spread (``verdict``). PFLlib also calls
+``torch.manual_seed(0)`` in every client's constructor, so its repetitions share every batch
+order and differ only in the initial model; ``--independent-seeds`` runs each PFLlib seed as
+its own process from a copy whose two seed calls use that seed (:func:`seeded_copy`).
 
     python benchmarks/crosscheck/crosscheck.py --pfllib ~/refs/PFLlib \
         --python ~/refenv/bin/python --algorithms fedavg,fedrep --out runs/xc
@@ -102,10 +105,45 @@ def parse_pfllib(text: str) -> list[dict[int, float]]:
     return runs
 
 
+# PFLlib's two torch seeds: once per process, and again in every client's constructor
+PFLLIB_SEED_LINES = {
+    "main.py": "torch.manual_seed(0)",
+    "flcore/clients/clientbase.py": "torch.manual_seed(0)",
+}
+
+
+def seeded_copy(system: Path, seed: int) -> Path:
+    """A copy of PFLlib's ``system`` folder whose two ``torch.manual_seed(0)`` calls
+    (:data:`PFLLIB_SEED_LINES`) seed ``seed`` instead, so that its runs differ in batch order
+    as well as initialisation (``--independent-seeds``). Refuses a checkout where either
+    call is not there exactly once."""
+    copy = system.with_name(f"system-seed{seed}")
+    if not copy.is_dir():
+        shutil.copytree(system, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        for rel, line in PFLLIB_SEED_LINES.items():
+            text = (copy / rel).read_text()
+            if text.count(line) != 1:
+                raise Usage(
+                    f"PFLlib's {rel} does not call {line} exactly once: this checkout "
+                    "cannot run --independent-seeds"
+                )
+            (copy / rel).write_text(text.replace(line, f"torch.manual_seed({seed})"))
+    return copy
+
+
 def run_pfllib(
-    case: Case, cfg_path: Path, cfg: dict, ref: Path, python: str, out: Path, seeds: int
+    case: Case,
+    cfg_path: Path,
+    cfg: dict,
+    ref: Path,
+    python: str,
+    out: Path,
+    seeds: int,
+    independent: bool = False,
 ):
-    """(curves per repetition, seconds) of PFLlib's ``case`` on ``cfg``'s exported partition."""
+    """(curves per repetition, seconds) of PFLlib's ``case`` on ``cfg``'s exported partition:
+    one process running ``seeds`` repetitions, or with ``independent`` one process per seed
+    with PFLlib's torch seed set to it (:func:`seeded_copy`)."""
     work = out / "pfllib"
     if not (work / "system").is_dir():
         if not (ref / "system" / "main.py").is_file():
@@ -116,19 +154,27 @@ def run_pfllib(
     name = f"{'FMNIST' if cfg['data']['dataset'] == 'fashion_mnist' else 'MNIST'}-{data_key(cfg)}"
     if not (work / "dataset" / name).is_dir():
         export(cfg_path, "pfllib", work / "dataset", name)
-    log = out / f"{case.key}-pfllib.log"
-    cmd = [python, "-u", *pfllib_command(case, cfg, name, seeds)]
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        f.write(" ".join(cmd) + "\n")
-        f.flush()
-        r = subprocess.run(
-            cmd, cwd=work / "system", stdout=f, stderr=subprocess.STDOUT, env=_one_thread()
-        )
-    seconds = time.perf_counter() - t0
-    curves = parse_pfllib(log.read_text())
-    if r.returncode or len(curves) != seeds:
-        raise RuntimeError(f"PFLlib {case.ref_name} failed (exit {r.returncode}); see {log}")
+    jobs = (
+        [(seeded_copy(work / "system", s), 1, f"-seed{s}") for s in range(seeds)]
+        if independent
+        else [(work / "system", seeds, "")]
+    )
+    curves, seconds = [], 0.0
+    for system, reps, tag in jobs:
+        log = out / f"{case.key}-pfllib{tag}.log"
+        cmd = [python, "-u", *pfllib_command(case, cfg, name, reps)]
+        t0 = time.perf_counter()
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            r = subprocess.run(
+                cmd, cwd=system, stdout=f, stderr=subprocess.STDOUT, env=_one_thread()
+            )
+        seconds += time.perf_counter() - t0
+        got = parse_pfllib(log.read_text())
+        if r.returncode or len(got) != reps:
+            raise RuntimeError(f"PFLlib {case.ref_name} failed (exit {r.returncode}); see {log}")
+        curves += got
     return curves, seconds
 
 
@@ -283,7 +329,8 @@ def commit(checkout: Path) -> str:
 def summary(paths: list[Path]) -> str:
     """One markdown row per case from results.jsonl files: docs/crosscheck.md's table."""
     rows = [json.loads(x) for p in paths for x in p.read_text().splitlines() if x.strip()]
-    latest = {r["algorithm"]: r for r in rows}  # a case run again: its last row
+    # a case run again: its last row; a run with independent PFLlib seeds is a row of its own
+    latest = {(r["algorithm"], r.get("reference_seeds")): r for r in rows}
     out = [
         "| case | reference (commit) | pflkit options | reference, last-10 mean (%) | "
         "pflkit, last-10 mean (%) | pflkit - reference | verdict | s reference / pflkit |",
@@ -294,8 +341,9 @@ def summary(paths: list[Path]) -> str:
         opts = r.get("options") or ", ".join(
             f"{k}={v}" for k, v in case.pflkit.items() if k != "name"
         )
+        label = r["algorithm"] + (" (independent seeds)" if r.get("reference_seeds") else "")
         out.append(
-            f"| {r['algorithm']} | {case.library} {case.ref_name} ({r.get('ref_commit', '?')}) | "
+            f"| {label} | {case.library} {case.ref_name} ({r.get('ref_commit', '?')}) | "
             f"{opts or 'defaults'} | {_ms(r['reference'])} | {_ms(r['pflkit'])} | "
             f"{100 * r['diff']:+.2f} ± {100 * r['se']:.2f} | {r['verdict']} | "
             f"{r['seconds_reference']:.0f} / {r['seconds_pflkit']:.0f} |"
@@ -405,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flbench", type=Path, help="an FL-bench checkout (KarhouTam/FL-bench)")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the references")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument(
+        "--independent-seeds",
+        action="store_true",
+        help="PFLlib cases: one process per seed with PFLlib's torch seed set to it, so its "
+        "seeds differ in batch order too (default: one process, -t repetitions)",
+    )
     ap.add_argument("--last", type=int, default=10, help="rounds in the last-rounds mean")
     ap.add_argument("--out", type=Path, help="results folder (rerunning into it continues)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
@@ -435,6 +489,11 @@ def main(argv: list[str] | None = None) -> int:
             raise Usage(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(CASES)}")
         if args.seeds < 2:
             raise Usage(f"--seeds {args.seeds}: seed noise needs at least 2 seeds")
+        if args.independent_seeds and (fl := [k for k in keys if CASES[k].library != "pfllib"]):
+            raise Usage(
+                f"--independent-seeds applies to PFLlib cases only ({', '.join(fl)} run "
+                "FL-bench, which already runs one seeded process per seed): drop them or the flag"
+            )
         refs = {"pfllib": args.pfllib, "flbench": args.flbench}
         for lib in sorted({CASES[k].library for k in keys}):
             if refs[lib] is None:
@@ -459,13 +518,22 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cfg_path = args.config or CONFIGS[case.library]
             cfg = yaml.safe_load(cfg_path.read_text())
-            kept = args.out / f"{key}-reference.json"  # the reference side, once finished
+            tag = "-independent" if args.independent_seeds else ""
+            kept = args.out / f"{key}-reference{tag}.json"  # the reference side, once finished
             if kept.exists():
                 ref, t_ref = load_reference(kept)
                 print(f"{key}: the reference side is kept in {kept}", flush=True)
             else:
+                extra = {"independent": True} if args.independent_seeds else {}
                 ref, t_ref = runners[case.library](
-                    case, cfg_path, cfg, refs[case.library], args.python, args.out, args.seeds
+                    case,
+                    cfg_path,
+                    cfg,
+                    refs[case.library],
+                    args.python,
+                    args.out,
+                    args.seeds,
+                    **extra,
                 )
                 kept.write_text(json.dumps({"curves": ref, "seconds": t_ref}))
             ref = [aligned(c, case.round_shift, cfg["train"]["rounds"]) for c in ref]
@@ -477,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ref_commit": commit(refs[case.library]),
                 "options": pflkit_options(case, cfg),
             }
+            if args.independent_seeds:
+                row["reference_seeds"] = "independent"
             with open(results, "a") as f:
                 f.write(json.dumps(row) + "\n")
     except Usage as e:
