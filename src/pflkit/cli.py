@@ -617,10 +617,10 @@ def list_(
         _show_params(params)
         return
     for title, items in (
-        ("algorithms", {k: v.description for k, v in ALGORITHMS.items()}),
-        ("datasets", {k: v.description for k, v in SOURCES.items()}),
-        ("partitioners", {k: v.description for k, v in PARTITIONERS.items()}),
-        ("models", {k: v.description for k, v in MODELS.items()}),
+        ("algorithms", ALGORITHMS.descriptions()),
+        ("datasets", SOURCES.descriptions()),
+        ("partitioners", PARTITIONERS.descriptions()),
+        ("models", MODELS.descriptions()),
     ):
         out_console.print(f"[bold]{title}[/bold]")
         width = max(map(len, items))
@@ -633,11 +633,8 @@ def _show_params(name: str) -> None:
     from rich.table import Table
 
     from pflkit.algorithms import ALGORITHMS
-    from pflkit.errors import unknown_name
 
-    if name not in ALGORITHMS:
-        raise unknown_name("algorithm", name, ALGORITHMS)
-    cls = ALGORITHMS[name]
+    cls = ALGORITHMS.lookup(name)
     if not cls.Params.model_fields:
         out_console.print(f"algorithm '{name}' takes no parameters")
         return

@@ -26,39 +26,41 @@ import sys
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from pflkit.algorithms.base import register as register_algorithm
 from pflkit.errors import PflkitError
+from pflkit.registry import Registry
 
 ENTRY_POINT_GROUP = "pflkit.plugins"
 _loaded_entry_points = False
 
 
-def _refuse_taken(kind: str, name: str, registry: dict) -> None:
-    if name in registry:
-        raise PflkitError(f"a {kind} named '{name}' is already registered: choose another name")
+def _register(registry: Registry, name: str, description: str, fn: Callable | None) -> Any:
+    """``registry.register(name, description)`` applied to ``fn``, or the decorator itself."""
+    decorate = registry.register(name, description)
+    return decorate if fn is None else decorate(fn)
 
 
-def register_model(name: str, description: str, factory: Callable) -> None:
-    from pflkit.models.base import ModelInfo
+def register_model(name: str, description: str, factory: Callable | None = None) -> Any:
+    """Register a model factory (call it with the factory, or use it as a decorator)."""
     from pflkit.models.registry import MODELS
 
-    _refuse_taken("model", name, MODELS)
-    MODELS[name] = ModelInfo(name, description, factory)
+    return _register(MODELS, name, description, factory)
 
 
-def register_dataset(name: str, description: str, loader: Callable) -> None:
-    from pflkit.data.sources import SOURCES, SourceInfo
+def register_dataset(name: str, description: str, loader: Callable | None = None) -> Any:
+    """Register a dataset loader (call it with the loader, or use it as a decorator)."""
+    from pflkit.data.sources import SOURCES
 
-    _refuse_taken("dataset", name, SOURCES)
-    SOURCES[name] = SourceInfo(name, description, loader)
+    return _register(SOURCES, name, description, loader)
 
 
-def register_partitioner(name: str, description: str, fn: Callable) -> None:
-    from pflkit.data.partition import PARTITIONERS, PartitionerInfo
+def register_partitioner(name: str, description: str, fn: Callable | None = None) -> Any:
+    """Register a partitioner (call it with the function, or use it as a decorator)."""
+    from pflkit.data.partition import PARTITIONERS
 
-    _refuse_taken("partitioner", name, PARTITIONERS)
-    PARTITIONERS[name] = PartitionerInfo(name, description, fn)
+    return _register(PARTITIONERS, name, description, fn)
 
 
 def load_plugins(modules: Iterable[str] = ()) -> None:

@@ -42,7 +42,8 @@ from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
 from pflkit.algorithms.blocks.tree import weighted_sum
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.errors import PflkitError, unknown_name
+from pflkit.errors import PflkitError
+from pflkit.registry import Registry
 from pflkit.strict import StrictNumbers
 
 State = dict[str, Any]
@@ -192,22 +193,18 @@ def nbytes(obj: Any) -> int:
 
 
 # -- registry ------------------------------------------------------------------------------------
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
-    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
-        raise RuntimeError(f"two algorithms are registered as {cls.name!r}")
-    ALGORITHMS[cls.name] = cls
-    return cls
+    """Class decorator: register an algorithm under its ``name`` (:meth:`Registry.add`)."""
+    return ALGORITHMS.add(cls)
 
 
 def parse_params(algo_cfg: Mapping[str, Any]) -> tuple[type[Algorithm], Algorithm.Params]:
     """Look up ``algo_cfg['name']`` and validate the remaining keys as its Params."""
     name = algo_cfg["name"]
-    if name not in ALGORITHMS:
-        raise unknown_name("algorithm", name, ALGORITHMS)
-    cls = ALGORITHMS[name]
+    cls = ALGORITHMS.lookup(name)
     raw = {k: v for k, v in algo_cfg.items() if k != "name"}
     try:
         return cls, cls.Params.model_validate(raw)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pflkit.errors import PflkitError, unknown_name
+from pflkit.registry import Registry
 
 # Bound on whole-partition redraws (dirichlet min_size, incomplete coverage/min size).
 MAX_TRIES = 1000
@@ -466,9 +467,10 @@ def natural(
     return _finish([per_group[g] for g in np.sort(chosen)])
 
 
-PARTITIONERS: dict[str, PartitionerInfo] = {
-    info.name: info
-    for info in [
+PARTITIONERS: Registry[PartitionerInfo] = Registry(
+    "partitioner",
+    PartitionerInfo,
+    [
         PartitionerInfo("iid", "shuffle and split evenly", iid),
         PartitionerInfo(
             "dirichlet",
@@ -492,8 +494,8 @@ PARTITIONERS: dict[str, PartitionerInfo] = {
             nway_kshot_test,
         ),
         PartitionerInfo("natural", "one client per natural group (writer, subject)", natural),
-    ]
-}
+    ],
+)
 
 
 def _param_names(fn: Callable[..., Any]) -> tuple[list[str], list[str]]:
@@ -518,9 +520,7 @@ def partition(
     only by ``natural``. Raises :class:`PflkitError` for an unknown partitioner or parameter, a
     missing required parameter, an invalid client count or invalid parameter values.
     """
-    if name not in PARTITIONERS:
-        raise unknown_name("partitioner", name, PARTITIONERS)
-    fn = PARTITIONERS[name].fn
+    fn = PARTITIONERS.lookup(name).fn
     names, required = _param_names(fn)
     for key in params:
         if key not in names:

@@ -70,7 +70,8 @@ from pflkit.data.base import (
 )
 from pflkit.data.text import _load_ag_news, _load_amazon_review
 from pflkit.data.tiny_har import _load_har, _load_tiny_imagenet
-from pflkit.errors import PflkitError, unknown_name
+from pflkit.errors import PflkitError
+from pflkit.registry import Registry
 
 __all__ = [
     "SOURCES",
@@ -191,9 +192,7 @@ def load_source(
     corrupt or undownloadable files. The result's tensors are shared with an in-process cache;
     do not modify them in place.
     """
-    info = SOURCES.get(name) if isinstance(name, str) else None
-    if info is None:
-        raise unknown_name("dataset", str(name), SOURCES)
+    info = SOURCES.lookup(name)
     allowed = info.options
     for key in options:
         if key not in allowed:
@@ -934,9 +933,10 @@ def _load_synthetic(
 # Registry
 # --------------------------------------------------------------------------------------------
 
-SOURCES: dict[str, SourceInfo] = {
-    info.name: info
-    for info in [
+SOURCES: Registry[SourceInfo] = Registry(
+    "dataset",
+    SourceInfo,
+    [
         SourceInfo(
             "fashion_mnist",
             "Fashion-MNIST: 60k/10k 28x28 grayscale clothing images, 10 classes "
@@ -1016,5 +1016,5 @@ SOURCES: dict[str, SourceInfo] = {
             "grouped by volunteer (30); options layout, official_test (downloaded)",
             _load_har,
         ),
-    ]
-}
+    ],
+)

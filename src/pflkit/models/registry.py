@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from pflkit.errors import PflkitError, unknown_name
+from pflkit.errors import PflkitError
 from pflkit.models.base import ModelInfo, PFLModel, check_num_classes, check_shape
 from pflkit.models.cnn import cnn4, fedproto_cnn, femnist_cnn, lenet5, lenet5_bn, map_lenet, tfcnn
 from pflkit.models.har import har_cnn
@@ -15,6 +15,7 @@ from pflkit.models.mlp import map_mlpnet, mlp
 from pflkit.models.resnet import resnet18, resnet20, resnet56
 from pflkit.models.text import amazon_mlp, fasttext
 from pflkit.models.vgg import vgg8, vgg8_bn, vgg11
+from pflkit.registry import Registry
 
 _ENTRIES = [
     ModelInfo(
@@ -123,14 +124,12 @@ _ENTRIES = [
 
 _ENTRIES += HETERO_ENTRIES  # alexnet, shufflenetv2 (KT-pFL), resnet8 (models/hetero.py)
 
-MODELS: dict[str, ModelInfo] = {info.name: info for info in _ENTRIES}
+MODELS: Registry[ModelInfo] = Registry("model", ModelInfo, _ENTRIES)
 
 
 def model_options(name: str) -> dict[str, Any]:
     """The options model ``name`` accepts, with their defaults."""
-    if name not in MODELS:
-        raise unknown_name("model", name, MODELS)
-    params = list(inspect.signature(MODELS[name].factory).parameters.values())[2:]
+    params = list(inspect.signature(MODELS.lookup(name).factory).parameters.values())[2:]
     return {p.name: p.default for p in params}
 
 
@@ -143,8 +142,6 @@ def build_model(
     Initialisation draws from torch's global RNG, so ``torch.manual_seed`` before this call
     makes the weights reproducible.
     """
-    if name not in MODELS:
-        raise unknown_name("model", name, MODELS)
     known = model_options(name)
     for option in options:
         if option not in known:
