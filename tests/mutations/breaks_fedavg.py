@@ -4,8 +4,8 @@ term, what is kept private, and which model is scored."""
 
 from mutate import Break
 
-FAMILY = "tests/test_fedavg_family.py"
-SD = "tests/test_scaffold_ditto.py"
+FAMILY = "tests/algorithms/test_fedavg.py"
+SD = "tests/algorithms/test_scaffold.py"
 
 LOCAL = (
     f"{FAMILY}::test_local_client_step_trains_its_own_model_by_hand",

@@ -4,7 +4,7 @@ compute the expected numbers by hand (plain torch ops on hand-made tensors)."""
 
 from mutate import Break
 
-PS = "tests/test_pfedsim.py::"
+PS = "tests/algorithms/test_pfedsim.py::"
 PFEDSIM = (
     PS + "test_warmup_averages_whole_models_by_training_set_size",
     PS + "test_personalization_round_stores_models_and_updates_phi_by_hand",
@@ -24,8 +24,8 @@ FEDDYN = (
     AB + "test_feddyn_aggregate_by_hand",
     AB + "test_feddyn_client_update_two_steps_by_hand",
 )
-FEDFOMO = ("tests/test_fedfomo.py",)
-GEN = "tests/test_fedgen.py::"
+FEDFOMO = ("tests/algorithms/test_fedfomo.py",)
+GEN = "tests/algorithms/test_fedgen.py::"
 FEDGEN = (
     GEN + "test_diversity_loss_squares_noise_and_takes_absolute_feature_distances",
     GEN + "test_generator_step_follows_the_count_weighted_ensemble_of_heads",

@@ -27,7 +27,7 @@ from pflkit.algorithms.scaffold import (
 from pflkit.engine import Simulation, run_experiment
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
-from test_fedavg_family import assert_close, ce, hand_sgd, mlp_logits
+from split_helpers import assert_close, ce, hand_sgd, mlp_logits
 
 PATHOLOGICAL = {"partition": {"name": "pathological", "classes_per_client": 3}}
 

@@ -4,15 +4,12 @@ The ``*_by_hand`` tests recompute a client's local training with :func:`hand_sgd
 SGD written out on the tiny config's MLP (:func:`mlp_logits`) with plain torch ops and autograd,
 drawing the batch order as the engine does (one ``torch.randperm(n)`` per epoch after the same
 seed), so a wrong loss term, learning rate, epoch count or start model changes the numbers.
-Other test modules import these two helpers."""
+(The helpers live in ``split_helpers``.)"""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.training import cross_entropy, get_weights, proximal_loss
@@ -20,44 +17,7 @@ from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
-
-
-def mlp_logits(w, x):
-    """The tiny config's MLP (Flatten, Linear 64-32, ReLU, Linear 32-10) written out."""
-    h = torch.relu(x.flatten(1) @ w["body.1.weight"].T + w["body.1.bias"])
-    return h @ w["head.weight"].T + w["head.bias"]
-
-
-def ce(w, x, y):
-    return F.cross_entropy(mlp_logits(w, x), y)
-
-
-def hand_sgd(w, x, y, loss=ce, *, lr, batch_size=16, epochs=1, steps=None, shift=None):
-    """Plain mini-batch SGD (no momentum) from ``w`` on ``loss(w, x_b, y_b)``: ``steps`` steps
-    (default ``epochs`` passes), a fresh ``torch.randperm(n)`` order per pass, each step
-    ``w <- w - lr * (grad + shift)`` (``shift``: a constant added to the gradient)."""
-    w = {k: v.detach().clone() for k, v in w.items()}
-    n = len(y)
-    steps = epochs * math.ceil(n / batch_size) if steps is None else steps
-    done = 0
-    while done < steps:
-        perm = torch.randperm(n)
-        for i in range(0, n, batch_size):
-            if done == steps:
-                break
-            idx = perm[i : i + batch_size]
-            p = {k: v.clone().requires_grad_(True) for k, v in w.items()}
-            grads = torch.autograd.grad(loss(p, x[idx], y[idx]), list(p.values()))
-            for (k, v), g in zip(p.items(), grads, strict=True):
-                w[k] = (v - lr * (g + (0 if shift is None else shift[k]))).detach()
-            done += 1
-    return w
-
-
-def assert_close(got, want, atol=1e-5):
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
+from split_helpers import assert_close, ce, hand_sgd
 
 
 def test_fedavg_aggregate_is_sample_weighted_mean_of_client_models(tiny):

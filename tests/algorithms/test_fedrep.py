@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_fedper import X, Y, assert_close, h_logits, hand_steps, split, start
 
 from pflkit.algorithms.context import RoundContext
 from split_helpers import one_client
-from test_fedper import X, Y, assert_close, h_logits, hand_steps, split, start
 
 BODY = ["body.1.weight", "body.1.bias", "body.3.weight", "body.3.bias"]
 HEAD = ["head.weight", "head.bias"]
