@@ -111,3 +111,27 @@ def assert_close(got, want, atol=1e-5):
     assert got.keys() == want.keys()
     for k in want:
         assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
+
+
+PATHOLOGICAL = {"partition": {"name": "pathological", "classes_per_client": 3}}
+
+
+def randn_like(ws, scale=1.0):
+    return {k: scale * torch.randn_like(v) for k, v in ws.items()}
+
+
+def missing_classes(sim, cid):
+    y = sim.data.clients[cid].train_y
+    return sorted(set(range(sim.data.num_classes)) - set(y.tolist()))
+
+
+def rs_ce(train_y, alpha, num_classes=10):
+    """MAP Eq. 8 written out: CE of the logits scaled by 1 (classes the client has) or alpha."""
+    have = torch.zeros(num_classes, dtype=torch.bool)
+    have[train_y.unique()] = True
+    a = torch.where(have, 1.0, alpha)
+
+    def loss(w, x, y):
+        return F.cross_entropy(mlp_logits(w, x) * a, y)
+
+    return loss
