@@ -369,6 +369,8 @@ BREAKS += [
         "algorithms/pfedme.py",
         "            return None  # the global model w",
         '            return state.get("personal")',
-        ("tests/algorithms/test_pfedme.py::test_scored_global_scores_the_global_model_as_pfllib_does",),
+        (
+            "tests/algorithms/test_pfedme.py::test_scored_global_scores_the_global_model_as_pfllib_does",
+        ),
     ),
 ]
