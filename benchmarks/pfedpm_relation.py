@@ -3,7 +3,7 @@
     python benchmarks/pfedpm_relation.py runs/pfedpm-n3 [runs/pfedpm-mh-n3 ...]
 
 pFedPM's training does not depend on how it predicts (``inference: head`` or ``relation``;
-tests/test_pfedpm.py checks that both train bit-identically), so R-pFedPM needs no second run:
+tests/algorithms/test_pfedpm.py checks that both train bit-identically), so R-pFedPM needs no second run:
 for every finished pFedPM run (summary.json, checkpoints/latest.pt of its last round) this
 loads the final state, switches ``algorithm.inference`` to ``relation`` and evaluates each
 client on its local test split, exactly as the engine's evaluation does (the same state scored

@@ -105,3 +105,13 @@ def cli(capsys, monkeypatch):
         return subprocess.CompletedProcess(["pflkit", *args], code, out.out, out.err)
 
     return run
+
+
+@pytest.fixture
+def bn_model(monkeypatch):
+    """Register ``bn_mlp`` (tests/bn_helpers.py), a tiny BatchNorm MLP, for one test."""
+    from bn_helpers import bn_mlp
+    from pflkit.models import MODELS
+    from pflkit.models.base import ModelInfo
+
+    monkeypatch.setitem(MODELS, "bn_mlp", ModelInfo("bn_mlp", "test: MLP with BatchNorm", bn_mlp))

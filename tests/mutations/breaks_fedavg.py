@@ -4,22 +4,26 @@ term, what is kept private, and which model is scored."""
 
 from mutate import Break
 
-FAMILY = "tests/test_fedavg_family.py"
-SD = "tests/test_scaffold_ditto.py"
+A = "tests/algorithms/"
+SD = f"{A}test_scaffold.py"
+DI = f"{A}test_ditto.py"
 
 LOCAL = (
-    f"{FAMILY}::test_local_client_step_trains_its_own_model_by_hand",
-    f"{FAMILY}::test_local_sends_nothing_and_keeps_private_models",
+    f"{A}test_local.py::test_local_client_step_trains_its_own_model_by_hand",
+    f"{A}test_local.py::test_local_sends_nothing_and_keeps_private_models",
+    f"{A}test_local.py::test_local_trains_its_own_state_and_sends_nothing_on_toy_clients",
 )
 FEDAVG = (
-    f"{FAMILY}::test_fedavg_aggregate_is_sample_weighted_mean_of_client_models",
-    f"{FAMILY}::test_fedavg_client_step_is_e_epochs_of_minibatch_sgd_by_hand",
+    f"{A}test_fedavg.py::test_fedavg_aggregate_is_sample_weighted_mean_of_client_models",
+    f"{A}test_fedavg.py::test_fedavg_client_step_is_e_epochs_of_minibatch_sgd_by_hand",
+    f"{A}test_fedavg.py::test_one_round_on_toy_clients_is_the_sample_weighted_mean_of_one_sgd_step_by_hand",
     "tests/test_engine.py::test_weighted_average_weights_by_samples",
 )
-FEDAVG_FT = (f"{FAMILY}::test_fedavg_ft_scores_the_global_model_fine_tuned_by_hand",)
+FEDAVG_FT = (f"{A}test_fedavg_ft.py::test_fedavg_ft_scores_the_global_model_fine_tuned_by_hand",)
 FEDPROX = (
-    f"{FAMILY}::test_fedprox_loss_adds_exact_proximal_term",
-    f"{FAMILY}::test_fedprox_client_step_by_hand",
+    f"{A}test_fedprox.py::test_fedprox_loss_adds_exact_proximal_term",
+    f"{A}test_fedprox.py::test_fedprox_client_step_by_hand",
+    f"{A}test_fedprox.py::test_proximal_term_adds_mu_times_the_distance_to_the_global_model_on_a_toy_client",
 )
 SCAFFOLD = (
     f"{SD}::test_scaffold_client_step_matches_option_ii_on_a_quadratic",
@@ -31,13 +35,13 @@ SCARS = (
     f"{SD}::test_scars_client_update_is_scaffold_on_the_rs_loss_by_hand",
 )
 DITTO = (
-    f"{SD}::test_ditto_personal_loss_gradient_adds_lam_times_v_minus_w",
-    f"{SD}::test_ditto_aggregate_is_uniform_mean_by_default",
-    f"{SD}::test_ditto_client_update_by_hand",
+    f"{DI}::test_ditto_personal_loss_gradient_adds_lam_times_v_minus_w",
+    f"{DI}::test_ditto_aggregate_is_uniform_mean_by_default",
+    f"{DI}::test_ditto_client_update_by_hand",
 )
 DITTORS = (
-    f"{SD}::test_dittors_global_branch_uses_rs_and_personal_branch_plain_ce",
-    f"{SD}::test_dittors_client_update_by_hand",
+    f"{DI}::test_dittors_global_branch_uses_rs_and_personal_branch_plain_ce",
+    f"{DI}::test_dittors_client_update_by_hand",
 )
 
 BREAKS = [

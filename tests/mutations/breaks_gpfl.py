@@ -3,12 +3,12 @@ defining math, its aggregation and the model it scores)."""
 
 from mutate import Break
 
-GPFL = ("tests/test_gpfl.py",)
-FEDPER = ("tests/test_fedper.py", "tests/test_model_split.py")
-FEDREP = ("tests/test_fedrep.py", "tests/test_model_split.py")
-FEDROD = ("tests/test_fedrod.py", "tests/test_model_split.py")
-PERFEDAVG = ("tests/test_perfedavg.py", "tests/test_model_split.py")
-PFEDME = ("tests/test_pfedme.py", "tests/test_model_split.py")
+GPFL = ("tests/algorithms/test_gpfl.py",)
+FEDPER = ("tests/algorithms/test_fedper.py", "tests/test_model_split.py")
+FEDREP = ("tests/algorithms/test_fedrep.py", "tests/test_model_split.py")
+FEDROD = ("tests/algorithms/test_fedrod.py", "tests/test_model_split.py")
+PERFEDAVG = ("tests/algorithms/test_perfedavg.py", "tests/test_model_split.py")
+PFEDME = ("tests/algorithms/test_pfedme.py", "tests/test_model_split.py")
 
 BREAKS = [
     # -- GPFL ------------------------------------------------------------------------------------
@@ -361,7 +361,7 @@ BREAKS += [
         "algorithms/pfedme.py",
         "loss = loss + 0.5 * theta_decay * sum(v.pow(2).sum() for v in params.values())",
         "loss = loss - 0.5 * theta_decay * sum(v.pow(2).sum() for v in params.values())",
-        ("tests/test_pfedme.py::test_theta_decay_adds_mu_theta_to_every_inner_step",),
+        ("tests/algorithms/test_pfedme.py::test_theta_decay_adds_mu_theta_to_every_inner_step",),
     ),
     Break(
         "pfedme",
@@ -369,6 +369,8 @@ BREAKS += [
         "algorithms/pfedme.py",
         "            return None  # the global model w",
         '            return state.get("personal")',
-        ("tests/test_pfedme.py::test_scored_global_scores_the_global_model_as_pfllib_does",),
+        (
+            "tests/algorithms/test_pfedme.py::test_scored_global_scores_the_global_model_as_pfllib_does",
+        ),
     ),
 ]

@@ -5,7 +5,7 @@ gate."""
 
 from mutate import Break
 
-KT = "tests/test_ktpfl.py"
+KT = "tests/algorithms/test_ktpfl.py"
 
 KTPFL = (
     f"{KT}::test_c_update_matches_hand_computed_gradient_steps",
@@ -35,8 +35,8 @@ FEDDF = (
     f"{KT}::test_feddf_stops_early_when_the_held_out_kl_stops_improving",
 )
 PFEDDF = (f"{KT}::test_pfeddf_fine_tunes_the_prototype_by_hand",)
-FEDAWS = ("tests/test_fedaws.py",)
-FLDA = ("tests/test_flda.py",)
+FEDAWS = ("tests/algorithms/test_fedaws.py",)
+FLDA = ("tests/algorithms/test_flda.py",)
 
 BREAKS = [
     # -- KT-pFL ------------------------------------------------------------------------------------

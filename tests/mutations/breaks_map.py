@@ -3,7 +3,7 @@
 
 from mutate import Break
 
-M = "tests/test_map.py"
+M = "tests/algorithms/test_map.py"
 MAP = (
     f"{M}::test_eq13_weights_ce_by_one_minus_lambda_and_kt_by_lambda",
     f"{M}::test_kd_loss_averages_over_the_batch",
@@ -23,7 +23,7 @@ FEDPHP = (
     f"{M}::test_fedphp_uploads_the_fine_tuned_model_and_folds_it_into_the_hpm",
     f"{M}::test_fedphp_client_step_distils_from_the_hpm_by_hand",
 )
-P = "tests/test_fedphp_pfllib.py"
+P = "tests/algorithms/test_fedphp.py"
 FEDPHP_PFLLIB = (  # FedPHP's PFLlib options
     f"{P}::test_pfllib_mmd_of_two_2x2_batches_by_hand",
     f"{P}::test_eq13_with_pfllib_mmd_by_hand",

@@ -4,28 +4,30 @@ compute the expected numbers by hand (plain torch ops on hand-made tensors)."""
 
 from mutate import Break
 
-PS = "tests/test_pfedsim.py::"
+PS = "tests/algorithms/test_pfedsim.py::"
 PFEDSIM = (
     PS + "test_warmup_averages_whole_models_by_training_set_size",
     PS + "test_personalization_round_stores_models_and_updates_phi_by_hand",
     PS + "test_personalized_download_mixes_extractors_and_keeps_own_classifier",
     PS + "test_the_model_scored_is_the_clients_stored_model",
 )
-AB = "tests/test_aggregation_baselines.py::"
+BN = "tests/algorithms/test_fedbn.py::"
+AP = "tests/algorithms/test_fedap.py::"
+DYN = "tests/algorithms/test_feddyn.py::"
 FEDBN = (
-    AB + "test_fedbn_client_trains_with_its_own_bn_and_uploads_the_rest",
-    AB + "test_fedbn_server_averages_the_non_bn_weights_by_sample_count",
+    BN + "test_fedbn_client_trains_with_its_own_bn_and_uploads_the_rest",
+    BN + "test_fedbn_server_averages_the_non_bn_weights_by_sample_count",
 )
 FEDAP = (
-    AB + "test_fedap_client_uploads_the_mean_and_variance_of_its_bn_inputs",
-    AB + "test_fedap_personalized_aggregation_by_hand",
+    AP + "test_fedap_client_uploads_the_mean_and_variance_of_its_bn_inputs",
+    AP + "test_fedap_personalized_aggregation_by_hand",
 )
 FEDDYN = (
-    AB + "test_feddyn_aggregate_by_hand",
-    AB + "test_feddyn_client_update_two_steps_by_hand",
+    DYN + "test_feddyn_aggregate_by_hand",
+    DYN + "test_feddyn_client_update_two_steps_by_hand",
 )
-FEDFOMO = ("tests/test_fedfomo.py",)
-GEN = "tests/test_fedgen.py::"
+FEDFOMO = ("tests/algorithms/test_fedfomo.py",)
+GEN = "tests/algorithms/test_fedgen.py::"
 FEDGEN = (
     GEN + "test_diversity_loss_squares_noise_and_takes_absolute_feature_distances",
     GEN + "test_generator_step_follows_the_count_weighted_ensemble_of_heads",
@@ -439,7 +441,7 @@ BREAKS = [
         "algorithms/feddyn.py",
         "shift_grad([(p, -a * theta[k]) for k, p in params.items()])",
         "shift_grad([(p, a * theta[k]) for k, p in params.items()])",
-        (AB + "test_feddyn_linear_prox_term_is_flbench_loss_by_hand",),
+        (DYN + "test_feddyn_linear_prox_term_is_flbench_loss_by_hand",),
     ),
     Break(
         "feddyn",
@@ -447,6 +449,6 @@ BREAKS = [
         "algorithms/feddyn.py",
         "hooks.append(clip_grad(clip))",
         "hooks.insert(0, clip_grad(clip))",
-        (AB + "test_feddyn_clip_on_by_hand",),
+        (DYN + "test_feddyn_clip_on_by_hand",),
     ),
 ]

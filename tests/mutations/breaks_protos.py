@@ -5,16 +5,16 @@ one's defining math, every one caught by a by-value test of the algorithm's own 
 
 from mutate import Break
 
-PM = "tests/test_pfedpm.py::"
-FP = "tests/test_fedproto.py::"
-FS = "tests/test_fesem.py::"
-LG = "tests/test_l2gd.py::"
-MO = "tests/test_moon.py::"
-AM = "tests/test_fedamp.py::"
-HN = "tests/test_pfedhn.py::"
-MM = "tests/test_fedmmd.py::"
-OP = "tests/test_fedopt.py::"
-NV = "tests/test_fednova.py::"
+PM = "tests/algorithms/test_pfedpm.py::"
+FP = "tests/algorithms/test_fedproto.py::"
+FS = "tests/algorithms/test_fesem.py::"
+LG = "tests/algorithms/test_l2gd.py::"
+MO = "tests/algorithms/test_moon.py::"
+AM = "tests/algorithms/test_fedamp.py::"
+HN = "tests/algorithms/test_pfedhn.py::"
+MM = "tests/algorithms/test_fedmmd.py::"
+OP = "tests/algorithms/test_fedopt.py::"
+NV = "tests/algorithms/test_fednova.py::"
 
 BREAKS = [
     # -- pFedPM ------------------------------------------------------------------------------------

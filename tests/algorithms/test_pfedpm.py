@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_fedproto import synthetic_images
 from torch import nn
 
 from conftest import tiny_config
@@ -27,7 +28,6 @@ from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
 from pflkit.models import PFLModel
-from test_fedproto import synthetic_images
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

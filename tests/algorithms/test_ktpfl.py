@@ -35,9 +35,9 @@ from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
 from pflkit.models import build_model
-from test_fedavg_family import assert_close, hand_sgd, mlp_logits
+from split_helpers import assert_close, hand_sgd, mlp_logits
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "ktpfl"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "ktpfl"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -5,11 +5,13 @@ beta-mixing of the plain mean; the scored model (theta, not w)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from pflkit.algorithms.context import RoundContext
-from split_helpers import one_client
+from pflkit.algorithms.pfedme import moreau_steps, pfedme_loss
+from split_helpers import data, np_ce_grad, one_client
 
 # inputs of 2 numbers, 2 classes; softmax regression (mlp []: head only); full batch
 X = torch.tensor([[1.0, -0.5], [0.3, 0.8], [-0.6, 0.4]])
@@ -177,3 +179,58 @@ def test_scored_global_scores_the_global_model_as_pfllib_does():
     # training is the same whatever is scored: theta is still kept
     for k in want_theta:
         assert torch.allclose(upd.state["personal"][k].double(), want_theta[k], atol=1e-6), k
+
+
+# -- pFedMe ---------------------------------------------------------------------------------------
+
+
+def test_pfedme_inner_problem_on_a_quadratic():
+    a = np.array([[2.0, 0.0], [1.0, 1.0], [0.0, 3.0]])
+    bb = np.array([1.0, -2.0, 0.5])
+    w = np.array([0.3, -0.7])
+    lam = 2.0
+    # minimiser of 1/2 ||A theta - b||^2 + lam/2 ||theta - w||^2: (A^T A + lam I)^-1 (A^T b + lam w)
+    star = np.linalg.solve(a.T @ a + lam * np.eye(2), a.T @ bb + lam * w)
+    at, bt = torch.tensor(a), torch.tensor(bb)
+
+    def f(th):
+        return 0.5 * (at @ th["t"] - bt).pow(2).sum()
+
+    theta0 = {"t": torch.zeros(2, dtype=torch.float64)}
+    anchor = {"t": torch.tensor(w)}
+    one = moreau_steps(f, theta0, anchor, lam, 0.05, 1)["t"].numpy()
+    assert np.allclose(one, -0.05 * (a.T @ (-bb) + lam * (0 - w)))  # one GD step by hand
+    many = moreau_steps(f, theta0, anchor, lam, 0.05, 2000)["t"].numpy()
+    assert np.allclose(many, star, atol=1e-10)
+
+
+def test_pfedme_local_step_pulls_w_toward_theta():
+    torch.manual_seed(2)
+    x, y = data(6, 3, 3)
+    model = torch.nn.Linear(3, 3)
+    theta = {k: v.detach().clone() for k, v in model.named_parameters()}
+    lam, lr, k = 15.0, 0.01, 3
+    pfedme_loss(theta, lam, lr, k)(model, x, y).backward()
+    W, b = model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
+    tW, tb = W.copy(), b.copy()
+    for _ in range(k):  # inner GD by hand, then the w-gradient lam (w - theta)
+        gW, gb = np_ce_grad(tW, tb, x.double().numpy(), y.numpy())
+        tW, tb = tW - lr * (gW + lam * (tW - W)), tb - lr * (gb + lam * (tb - b))
+    assert np.allclose(theta["weight"].numpy(), tW, atol=1e-6)
+    assert np.allclose(model.weight.grad.numpy(), lam * (W - tW), atol=1e-5)
+    assert np.allclose(model.bias.grad.numpy(), lam * (b - tb), atol=1e-5)
+
+
+def test_pfedme_server_mixes_with_beta():
+    x, y = data(4, 3, 2)
+    algo, senv, _ = one_client({"name": "pfedme", "beta": 2.0}, x, y, 2)
+    old = {"head.weight": torch.tensor([[1.0]]), "head.bias": torch.tensor([0.0])}
+    ups = {
+        0: {"weights": {"head.weight": torch.tensor([[3.0]]), "head.bias": torch.tensor([1.0])}},
+        1: {"weights": {"head.weight": torch.tensor([[5.0]]), "head.bias": torch.tensor([3.0])}},
+    }
+    for u in ups.values():
+        u["num_samples"] = 1
+    new = algo.aggregate(senv, {"weights": old}, ups, 1, "train")["weights"]
+    # (1 - 2) * 1 + 2 * mean(3, 5) = 7;  (1 - 2) * 0 + 2 * mean(1, 3) = 4
+    assert new["head.weight"].item() == 7.0 and new["head.bias"].item() == 4.0

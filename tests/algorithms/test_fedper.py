@@ -7,7 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import tiny_config
 from pflkit.algorithms.context import RoundContext
+from pflkit.engine import run_experiment
+from pflkit.errors import PflkitError
+from pflkit.experiment import validate
 from split_helpers import one_client
 
 # inputs of 2 numbers, 3 classes; mlp [2, 2]: body layers 1 and 3, then the head
@@ -128,3 +132,17 @@ def test_maps_protocol_scores_the_body_just_trained_with_the_own_head_by_hand(na
     t = {k: v.double() for k, v in {**upd.upload["body"], **upd.state["head"]}.items()}
     got = algo.scoring_model(env, trained)(X)
     assert torch.allclose(got.double(), h_logits(t, X.double()), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "layers, match",
+    [
+        (["fc1"], r"'fc1' is not a layer of the model's body \(its layers: 1\)"),
+        (["1"], "leaves nothing shared"),
+    ],
+)
+def test_private_layers_bad_input_is_one_sentence(tmp_path, layers, match):
+    cfg = validate(tiny_config(algorithm={"name": "fedper", "private_layers": layers}))
+    with pytest.raises(PflkitError, match=match):
+        run_experiment(cfg, out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()

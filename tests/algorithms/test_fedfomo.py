@@ -5,14 +5,18 @@ torch ops on hand-made tensors (softmax regression, so the loss is one line)."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.fedfomo import fomo_combine, fomo_weights
+from pflkit.engine import Simulation
 from split_helpers import federation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -153,3 +157,75 @@ def test_client_update_weights_models_by_validation_gain_then_trains():
     view = algo.eval_view(senv, new, 0, 1)
     scored = algo.personal_weights(envs[0], view, out.state, RoundContext(1))
     assert all(torch.equal(scored[k], out.state["weights"][k]) for k in own)
+
+
+# -- FedFomo ----------------------------------------------------------------------------------------
+def test_fedfomo_weights_on_a_toy_case():
+    # own loss 1.0; neighbours: losses 0.5, 1.2, 0.8 at distances 1, 2, 0.5
+    # raw: 0.5/1 = 0.5, -0.2/2 = -0.1 -> 0, 0.2/0.5 = 0.4; normalised by 0.9
+    w = fomo_weights(1.0, [0.5, 1.2, 0.8], [1.0, 2.0, 0.5])
+    np.testing.assert_allclose(w, [0.5 / 0.9, 0.0, 0.4 / 0.9])
+    assert fomo_weights(1.0, [1.5, 2.0], [1.0, 1.0]).sum() == 0  # nobody helps: keep own
+    own = {"w": torch.tensor([0.0, 0.0]), "n": torch.tensor(3)}
+    models = [
+        {"w": torch.tensor([1.0, 0.0]), "n": torch.tensor(7)},
+        {"w": torch.tensor([9.0, 9.0]), "n": torch.tensor(7)},
+        {"w": torch.tensor([0.0, 2.0]), "n": torch.tensor(7)},
+    ]
+    new = fomo_combine(own, models, w)
+    np.testing.assert_allclose(new["w"], [0.5 / 0.9, 0.8 / 0.9], rtol=1e-6)
+    assert int(new["n"]) == 3
+
+
+def test_fedfomo_client_weights_from_validation_losses(tiny):
+    sim = Simulation(
+        tiny(
+            algorithm={"name": "fedfomo", "m": 2, "epsilon": 0.0},
+            train={"rounds": 3, "client_fraction": 1.0},
+        )
+    )
+    sim.run_round(1)
+    rec = {}
+    real = sim.algo.client_update
+
+    def spy(env, payload, state, ctx):
+        out = real(env, payload, state, ctx)
+        rec[env.cid] = (payload, state, out)
+        return out
+
+    sim.algo.client_update = spy
+    # client 0 goes back to the untrained model, and one neighbour holds client 0's trained
+    # model: that neighbour has a lower validation loss, so its weight is positive (client 1 has
+    # the highest affinity of client 0's candidates, so it is one of the two downloaded models)
+    trained = sim.clients[0]["weights"]
+    sim.clients[0]["weights"] = sim.server["init"]
+    sim.server["models"] = {**sim.server["models"], 1: trained}
+    sim.server["P"][0, 1] = 1.0
+    sim.run_round(2)
+    from pflkit.algorithms.fedfomo import val_split
+
+    payload, state, out = rec[0]
+    assert len(payload["models"]) == 2 and 0 not in payload["ids"].tolist()
+    _, vx, vy = val_split(sim.envs[0], 0.2)
+    model = sim.envs[0].model("hand")
+
+    def loss(w):
+        model.load_state_dict(w)
+        model.eval()
+        with torch.no_grad():
+            return float(nn.functional.cross_entropy(model(vx), vy))
+
+    own = state["weights"]
+    keys = [k for k, _ in model.named_parameters()]
+    raw = []
+    for m in payload["models"]:
+        d = math.sqrt(sum(float(((m[k].double() - own[k].double()) ** 2).sum()) for k in keys))
+        raw.append(max((loss(own) - loss(m)) / d, 0.0))
+    assert sum(raw) > 0
+    want = np.array(raw) / sum(raw)
+    np.testing.assert_allclose(out.upload["w"].numpy(), want, rtol=1e-5, atol=1e-9)
+    # the server adds the weights to the affinity row
+    P = sim.server["P"]
+    assert 1 in payload["ids"].tolist()
+    for j, wj in zip(payload["ids"].tolist(), want, strict=True):
+        assert float(P[0, j]) == pytest.approx(wj + (j == 1), rel=1e-5, abs=1e-9)

@@ -5,11 +5,13 @@ alpha from the latest w)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from pflkit.algorithms.context import RoundContext
-from split_helpers import one_client
+from pflkit.algorithms.perfedavg import meta_loss
+from split_helpers import data, np_ce_grad, one_client
 
 # inputs of 2 numbers, 2 classes; softmax regression (mlp []: head only)
 X = torch.tensor([[1.0, -0.5], [0.3, 0.8], [-0.6, 0.4], [0.9, 0.1], [-0.2, -0.7], [0.5, 0.5]])
@@ -104,3 +106,41 @@ def test_the_scored_model_is_one_alpha_step_from_the_latest_w_by_hand():
     for k in w:
         assert torch.allclose(got[k].double(), w[k] - ALPHA * g[k], atol=1e-6), k
     assert algo.global_weights(senv, server, 1) is server["weights"]
+
+
+# -- Per-FedAvg -------------------------------------------------------------------------------
+
+
+def test_perfedavg_personal_model_is_one_sgd_step_of_size_alpha():
+    x, y = data(8, 3, 2)
+    algo, senv, env = one_client({"name": "perfedavg", "alpha": 0.3}, x, y, 2)  # batch = all 8
+    w = algo.server_init(senv)["weights"]
+    adapted = algo.personal_weights(env, {"weights": w}, {}, RoundContext(1))
+    W, b = w["head.weight"].double().numpy(), w["head.bias"].double().numpy()
+    gW, gb = np_ce_grad(W, b, x.double().numpy(), y.numpy())
+    assert np.allclose(adapted["head.weight"].numpy(), W - 0.3 * gW, atol=1e-6)
+    assert np.allclose(adapted["head.bias"].numpy(), b - 0.3 * gb, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_perfedavg_meta_step_direction_by_hand(variant):
+    torch.manual_seed(1)
+    x, y = data(9, 3, 3)
+    x = x.double()
+    model = torch.nn.Linear(3, 3).double()
+    alpha, delta = 0.4, 1e-3
+    meta_loss(alpha, variant, delta)(model, x, y).backward()
+    W, b = model.weight.detach().numpy(), model.bias.detach().numpy()
+    xs, ys = x.numpy(), y.numpy()
+    if variant == "fo":  # the batch split in two: D = 5 samples, D' = 4
+        (x1, y1), (x2, y2) = (xs[:5], ys[:5]), (xs[5:], ys[5:])
+    else:  # in three: D, D', D'' of 3 samples each
+        (x1, y1), (x2, y2), (x3, y3) = [(xs[i : i + 3], ys[i : i + 3]) for i in (0, 3, 6)]
+    g1W, g1b = np_ce_grad(W, b, x1, y1)
+    vW, vb = np_ce_grad(W - alpha * g1W, b - alpha * g1b, x2, y2)
+    if variant == "hf":
+        pW, pb = np_ce_grad(W + delta * vW, b + delta * vb, x3, y3)
+        mW, mb = np_ce_grad(W - delta * vW, b - delta * vb, x3, y3)
+        vW, vb = vW - alpha * (pW - mW) / (2 * delta), vb - alpha * (pb - mb) / (2 * delta)
+    assert np.allclose(model.weight.grad.numpy(), vW, atol=1e-9)
+    assert np.allclose(model.bias.grad.numpy(), vb, atol=1e-9)

@@ -19,7 +19,7 @@ from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.hpm import HPMParams, hpm_momentum, kt_loss, mmd_pfllib
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation
-from test_fedavg_family import assert_close, hand_sgd, mlp_logits
+from split_helpers import assert_close, hand_sgd, mlp_logits
 
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # PFLlib clientphp.py line 124
 
@@ -231,7 +231,7 @@ def test_a_round_reports_the_pooled_accuracy_of_the_trained_models(tiny):
 
 # -- the cross-check case ------------------------------------------------------------------------------
 def test_the_crosscheck_case_is_pfllibs_form_with_the_recommended_mu_and_lambda():
-    here = Path(__file__).resolve().parents[1] / "benchmarks" / "crosscheck"
+    here = Path(__file__).resolve().parents[2] / "benchmarks" / "crosscheck"
     spec = importlib.util.spec_from_file_location("crosscheck_cases_fedphp", here / "cases.py")
     cases = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = cases  # dataclasses look their module up while building

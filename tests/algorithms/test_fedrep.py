@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_fedper import X, Y, assert_close, h_logits, hand_steps, split, start
 
 from pflkit.algorithms.context import RoundContext
-from split_helpers import one_client
-from test_fedper import X, Y, assert_close, h_logits, hand_steps, split, start
+from split_helpers import data, one_client
 
 BODY = ["body.1.weight", "body.1.bias", "body.3.weight", "body.3.bias"]
 HEAD = ["head.weight", "head.bias"]
@@ -81,3 +81,50 @@ def test_the_scored_model_is_the_latest_body_with_the_own_head_by_hand():
     t = {k: v.double() for k, v in {**upd.upload["body"], **upd.state["head"]}.items()}
     got = algo.scoring_model(env, weights)(X)
     assert torch.allclose(got.double(), h_logits(t, X.double()), atol=1e-6)
+
+
+# -- FedRep ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head_epochs, body_epochs", [(2, 0), (0, 2)])
+def test_fedrep_freezes_the_body_in_head_epochs_and_the_head_in_body_epochs(
+    head_epochs, body_epochs
+):
+    x, y = data(12, 5, 3)
+    algo, senv, env = one_client(
+        {"name": "fedrep", "head_epochs": head_epochs, "body_epochs": body_epochs},
+        x, y, 3, hidden=(4,), batch_size=4,
+    )  # fmt: skip
+    server, state = algo.server_init(senv), algo.client_init(env)
+    up, new, _ = algo.client_update(
+        env, algo.configure(senv, server, 0, 1, "train"), state, RoundContext(1, "t")
+    )
+    body_same = all(torch.equal(up["body"][k], server["body"][k]) for k in server["body"])
+    head_same = all(torch.equal(new["head"][k], state["head"][k]) for k in state["head"])
+    assert (body_same, head_same) == ((True, False) if body_epochs == 0 else (False, True))
+
+
+@pytest.mark.parametrize("head_epochs, body_epochs", [(2, 0), (0, 2)])
+def test_fedrep_private_layers_train_with_the_head(head_epochs, body_epochs):
+    """private_layers: [3] (mlp [4, 3]: body layers 1 and 3): layer 3 is private, trained in
+    the head epochs with the head and frozen with it in the body epochs; layer 1 alone is
+    uploaded."""
+    x, y = data(12, 5, 3)
+    algo, senv, env = one_client(
+        {"name": "fedrep", "head_epochs": head_epochs, "body_epochs": body_epochs,
+         "private_layers": ["3"]},
+        x, y, 3, hidden=(4, 3), batch_size=4,
+    )  # fmt: skip
+    server, state = algo.server_init(senv), algo.client_init(env)
+    assert sorted(server["body"]) == ["body.1.bias", "body.1.weight"]
+    assert sorted(state["head"]) == ["body.3.bias", "body.3.weight", "head.bias", "head.weight"]
+    up, new, _ = algo.client_update(
+        env, algo.configure(senv, server, 0, 1, "train"), state, RoundContext(1, "t")
+    )
+    assert sorted(up["body"]) == sorted(server["body"])
+    body_same = all(torch.equal(up["body"][k], server["body"][k]) for k in server["body"])
+    private_same = [torch.equal(new["head"][k], state["head"][k]) for k in state["head"]]
+    if body_epochs == 0:
+        assert body_same and not any(private_same)
+    else:
+        assert not body_same and all(private_same)

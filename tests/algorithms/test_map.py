@@ -23,7 +23,7 @@ from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
-from test_fedavg_family import assert_close, hand_sgd, mlp_logits
+from split_helpers import assert_close, hand_sgd, mlp_logits
 
 
 class Head(torch.nn.Module):

@@ -5,11 +5,14 @@ G-head + P-head on the latest generic model; global: the generic model)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pflkit.algorithms.context import RoundContext
-from split_helpers import one_client
+from pflkit.algorithms.fedrod import fedrod_loss, generic_logits
+from split_helpers import data, np_ce_grad, np_softmax, one_client
 
 # inputs of 2 numbers, 3 classes with counts (3, 1, 1); mlp [2]
 X = torch.tensor([[1.0, -0.5], [0.3, 0.8], [-0.6, 0.4], [0.9, 0.1], [-0.2, -0.7]])
@@ -126,3 +129,54 @@ def test_the_scored_models_by_hand(variant):
     got = algo.scoring_model(env, weights)(X)
     assert torch.allclose(got.double(), want, atol=1e-6)
     assert_close(algo.global_weights(senv, server, 1), agg)  # global_acc: the generic model
+
+
+# -- FedRoD ---------------------------------------------------------------------------------------
+
+
+def test_fedrod_balanced_softmax_by_hand():
+    z = np.array([[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]])
+    n = np.array([6.0, 2.0, 0.0])  # class 2 absent: no probability mass
+    y = np.array([0, 1])
+    # -log(n_y e^{z_y} / sum_c n_c e^{z_c}), computed term by term
+    r0 = -np.log(6 * np.e**1 / (6 * np.e**1 + 2 * np.e**2))
+    r1 = -np.log(2 * np.e**-1 / (6 * np.e**0 + 2 * np.e**-1))
+    got = F.cross_entropy(
+        generic_logits(torch.tensor(z), torch.tensor(n), "paper", 1.0), torch.tensor(y)
+    )
+    assert got.item() == pytest.approx((r0 + r1) / 2, rel=1e-12)
+    scaled = generic_logits(torch.tensor(z), torch.tensor(n), "map_code", 0.5)
+    assert np.allclose(scaled.numpy(), z * np.sqrt(4 * n / 8))  # (4 p_c)^gamma, p = n / 8
+
+
+def test_fedrod_personal_loss_sends_no_gradient_to_the_body_or_generic_head():
+    torch.manual_seed(0)
+    x, y = data(6, 4, 3)
+    body, ghead, phead = torch.nn.Linear(4, 5), torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = body, ghead
+
+        def features(self, x):
+            return torch.relu(self.body(x))
+
+    counts = torch.tensor([2.0, 2.0, 2.0])
+    fedrod_loss(phead, counts, "paper", 1.0)(M(), x, y).backward()
+    # hand: the body and G-head gradients are those of the BSM term alone (equal counts: the
+    # log-prior is a constant shift, so BSM = CE), the P-head's is (softmax(zg + zp) - onehot)^T f
+    f = torch.relu(body(x)).detach().numpy().astype(np.float64)
+    Wg, bg = ghead.weight.detach().numpy(), ghead.bias.detach().numpy()
+    Wp, bp = phead.weight.detach().numpy(), phead.bias.detach().numpy()
+    gW, gb = np_ce_grad(Wg, bg, f, y.numpy())
+    assert np.allclose(ghead.weight.grad.numpy(), gW, atol=1e-6)
+    assert np.allclose(ghead.bias.grad.numpy(), gb, atol=1e-6)
+    p = np_softmax(f @ Wg.T + bg + f @ Wp.T + bp)
+    p[np.arange(6), y.numpy()] -= 1
+    assert np.allclose(phead.weight.grad.numpy(), p.T @ f / 6, atol=1e-6)
+    # body: gradient of the generic CE only, through the ReLU features (by hand)
+    q = np_softmax(f @ Wg.T + bg)
+    q[np.arange(6), y.numpy()] -= 1
+    df = (q @ Wg) / 6 * (f > 0)
+    assert np.allclose(body.weight.grad.numpy(), df.T @ x.numpy(), atol=1e-6)
