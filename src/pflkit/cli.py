@@ -394,6 +394,14 @@ def report(
             help="Also write results.md, .csv, .tex, .json and accuracy.png into this folder.",
         ),
     ] = None,
+    overhead: Annotated[
+        bool,
+        typer.Option(
+            "--overhead",
+            help="Print each setting's overhead instead: seconds per round of client training, "
+            "aggregation and evaluation, training seconds per sample, KB per client per round.",
+        ),
+    ] = False,
 ) -> None:
     """Rebuild the tables (markdown, CSV, LaTeX) and curves of finished runs. A compare or
     sweep folder is reported with its own options unless --select, --metric or --at is given."""
@@ -404,6 +412,17 @@ def report(
 
     if not paths:
         raise PflkitError("pflkit report needs run folders or compare / sweep folders")
+    if overhead:
+        from pflkit.report.overhead import overhead_markdown
+        from pflkit.report.results import find_settings
+
+        if fmt != "markdown" or out is not None or select or metric or at:
+            raise PflkitError(
+                "--overhead prints one markdown table: drop --format, --out, --select, "
+                "--metric and --at"
+            )
+        print(overhead_markdown(find_settings(list(paths))[0]), end="")
+        return
     formats = ("markdown", "csv", "latex", "json")
     if fmt not in formats:
         raise PflkitError(f"unknown --format {fmt!r}: use one of {', '.join(formats)}")

@@ -175,6 +175,7 @@ class Simulation:
         failed: list[int] = []
         diverged: list[int] = []  # left out by train.on_nan: skip_client (keep their state)
         uploads: dict[int, Upload] = {}
+        seconds_aggregate = 0.0
         for p, phase in enumerate(algo.phases(rnd)):
             payloads = {
                 cid: algo.configure(senv, self.server, cid, rnd, phase)
@@ -206,7 +207,9 @@ class Simulation:
                     losses.append(update.metrics["train_loss"])
             if uploads:  # nothing to aggregate when every client failed or dropped
                 seed_torch(cfg.seed, rnd, p, 0xA6)
+                t_agg = time.perf_counter()
                 self.server = algo.aggregate(senv, self.server, uploads, rnd, phase)
+                seconds_aggregate += time.perf_counter() - t_agg
         t1 = time.perf_counter()
         row: dict[str, Any] = {"round": rnd, "clients": selected}
         if isinstance(fraction, list):  # random participation: the round's drawn share
@@ -228,7 +231,8 @@ class Simulation:
         row.update(self.runner.row_extras(row))
         t2 = time.perf_counter()
         # the only non-deterministic fields of a metrics row start with "seconds_"
-        row["seconds_train"] = t1 - t0
+        row["seconds_train"] = t1 - t0  # the whole training phase, aggregation included
+        row["seconds_aggregate"] = seconds_aggregate  # the server's aggregate calls alone
         row["seconds_eval"] = t2 - t1
         self.round = rnd
         return row
