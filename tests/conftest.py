@@ -115,3 +115,14 @@ def bn_model(monkeypatch):
     from pflkit.models.base import ModelInfo
 
     monkeypatch.setitem(MODELS, "bn_mlp", ModelInfo("bn_mlp", "test: MLP with BatchNorm", bn_mlp))
+
+
+@pytest.fixture(scope="module")
+def digits_with_public():
+    """The tiny digits federation (4 clients) plus a 64-sample public set of the same shape, built
+    once per test module (the knowledge-distillation tests; tests/distill_helpers.py)."""
+    from pflkit.data.federated import build_federated
+
+    data = build_federated(validate(tiny_config()).data)
+    data.public_x = data.test_x[:64].clone()
+    return data

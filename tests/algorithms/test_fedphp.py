@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from map_helpers import kt_ce
 from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.hpm import HPMParams, hpm_momentum, kt_loss, mmd_pfllib
 from pflkit.algorithms.context import RoundContext
@@ -256,3 +257,41 @@ def test_the_crosscheck_case_is_pfllibs_form_with_the_recommended_mu_and_lambda(
     assert (p.lam, p.mu, p.weighting) == (0.01, 0.9, "samples")
     keys = list(cases.CASES)
     assert keys.index("fedphp") == keys.index("fedamp") + 1
+
+
+# -- the client step and the HPM update, by hand ---------------------------------------------------
+def test_fedphp_uploads_the_fine_tuned_model_and_folds_it_into_the_hpm(tiny):
+    # FedPHP: the upload is the model fine-tuned from the download; the HPM becomes
+    # (1 - mu_k) upload + mu_k old HPM with mu_k = 0.9 z / (Q T) = 0.9 * 3 / (0.5 * 10) = 0.54
+    sim = Simulation(
+        tiny(algorithm={"name": "fedphp"}, train={"rounds": 10, "client_fraction": 0.5})
+    )
+    env, w0 = sim.envs[1], sim.server["weights"]
+    old = {k: v + 0.3 for k, v in w0.items()}
+    up = sim.algo.client_update(env, {"weights": w0}, {"hpm": old, "selected": 2}, RoundContext(3))
+    new, sent = up.state["hpm"], up.upload["weights"]
+    assert up.state["selected"] == 3
+    for k in w0:
+        assert torch.allclose(new[k], 0.46 * sent[k] + 0.54 * old[k], atol=1e-6)
+    assert any(not torch.allclose(sent[k], new[k]) for k in w0)
+
+
+def test_fedphp_client_step_distils_from_the_hpm_by_hand(tiny):
+    """FedPHP with an HPM: the upload is E epochs of SGD from the download on Eq. 13 (KD from
+    the frozen HPM, lambda = 0.3, tau = 4); the HPM becomes (1 - mu_k) upload + mu_k HPM with
+    mu_k = 0.9 z / (Q T) = 0.9 * 2 / (0.5 * 10) = 0.36 (second selection)."""
+    lam = 0.3
+    cfg = tiny(
+        algorithm={"name": "fedphp", "lam": lam}, train={"rounds": 10, "client_fraction": 0.5}
+    )
+    sim = Simulation(cfg)
+    env, d, w = sim.envs[2], sim.data.clients[2], sim.server["weights"]
+    torch.manual_seed(0)
+    hpm = {k: v + 0.3 * torch.randn_like(v) for k, v in w.items()}
+    torch.manual_seed(5)
+    up = sim.algo.client_update(env, {"weights": w}, {"hpm": hpm, "selected": 1}, RoundContext(4))
+    torch.manual_seed(5)
+    sent = hand_sgd(w, d.train_x, d.train_y, kt_ce(hpm, lam), lr=0.05)
+    assert_close(up.upload["weights"], sent)
+    assert_close(up.state["hpm"], {k: 0.64 * sent[k] + 0.36 * hpm[k] for k in w})
+    assert up.state["selected"] == 2

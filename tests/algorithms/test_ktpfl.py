@@ -1,5 +1,8 @@
-"""KT-pFL and the knowledge-distillation baselines (FedMD, FedDF, pFedDF, Sim-pFD, TopK-pFD),
-heterogeneous client models, and KT-pFL's model zoo (specs/ktpfl.md).
+"""KT-pFL and its homogeneous variant (pflkit.algorithms.ktpfl): the knowledge-coefficient
+matrix, the client round, the teachers; the knowledge-distillation family on heterogeneous client
+models end to end, the comparison configs, bad input, and KT-pFL's model zoo (specs/ktpfl.md).
+FedMD, FedDF/pFedDF and Sim-pFD/TopK-pFD by value: test_fedmd.py, test_feddf.py, test_simpfd.py;
+the shared distillation step: blocks/test_distill.py.
 
 Expected values are computed here by hand (numpy, or torch formulas and autograd on a copy of
 the model), never with the modules' own helpers."""
@@ -16,94 +19,28 @@ import torch
 import yaml
 
 from conftest import tiny_config
-from pflkit.algorithms import build_algorithm, parse_params, resolve_params
+from distill_helpers import hetero_cfg, logits_of, np_project, setup, soft, trained_by_hand
+from pflkit.algorithms import parse_params, resolve_params
 from pflkit.algorithms.base import nbytes
-from pflkit.algorithms.blocks.distill import cosine_matrix, kd_loss, mix, project_simplex, restrict
+from pflkit.algorithms.blocks.distill import mix, restrict
 from pflkit.algorithms.blocks.training import get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
-from pflkit.algorithms.feddf import ensemble_distill
 from pflkit.algorithms.ktpfl import (
     coef_objective,
     coef_step_official,
     coef_step_paper,
     update_coefficients,
 )
-from pflkit.algorithms.simpfd import similarity_weights, topk_weights
-from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
 from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
 from pflkit.models import build_model
-from split_helpers import assert_close, hand_sgd, mlp_logits
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "ktpfl"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-# digits are 1x8x8: four distinct architectures that accept that input (ShuffleNetV2 would
-# reach 1x1 before its last BatchNorm, which a 1-sample last batch cannot train)
-ZOO = [
-    {"name": "mlp", "options": {"hidden": [32]}},
-    {"name": "resnet8", "options": {"width": 4}},
-    {"name": "mlp", "options": {"hidden": [16, 16]}},
-    {"name": "mlp", "options": {"hidden": []}},
-]
-
-
-def hetero_cfg(algorithm: dict, rounds: int = 2, **train):
-    raw = tiny_config(
-        model={"name": "mlp", "options": {"hidden": [32]}, "per_client": ZOO},
-        algorithm=algorithm,
-        train={"rounds": rounds, "batch_size": 16, "lr": 0.05, "local_epochs": 1, **train},
-    )
-    return validate(raw)
-
-
-@pytest.fixture(scope="module")
-def digits_with_public():
-    """The tiny digits federation (4 clients) plus a 64-sample public set of the same shape."""
-    data = build_federated(validate(tiny_config()).data)
-    data.public_x = data.test_x[:64].clone()
-    return data
-
-
-def setup(cfg, data):
-    """The algorithm, server environment and client environments of ``cfg`` (no engine)."""
-    senv, envs = make_envs(cfg, data)
-    return build_algorithm(cfg.algorithm), senv, envs
-
-
-def soft(a: int, b: int, c: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.softmax(torch.randn(a, b, c, generator=g, dtype=torch.float64) * 2, dim=-1)
-
-
-def logits_of(env, weights, x, slot="ref") -> torch.Tensor:
-    """Eval-mode logits of ``weights`` (the client's architecture) on ``x``, by hand."""
-    m = env.model(slot)
-    set_weights(m, weights)
-    m.eval()
-    with torch.no_grad():
-        return m(x)
-
-
-def kl_rows(p: torch.Tensor, logq: torch.Tensor) -> float:
-    """mean_x KL(p(x) || q(x)) with ``logq`` = log q."""
-    return float((p * (p.clamp_min(1e-30).log() - logq)).sum(1).mean())
-
-
-def np_project(v: np.ndarray) -> np.ndarray:
-    """Independent simplex projection (per column), for checking."""
-    out = np.empty_like(v)
-    for j in range(v.shape[1]):
-        u = np.sort(v[:, j])[::-1]
-        css = np.cumsum(u) - 1
-        r = np.nonzero(u - css / np.arange(1, len(u) + 1) > 0)[0][-1]
-        out[:, j] = np.maximum(v[:, j] - css[r] / (r + 1), 0)
-    return out
 
 
 def hand_c_steps(c, s, w, lam=1.0, rho=0.7, lr=0.01, steps=20, reduction="mean"):
@@ -218,16 +155,6 @@ def test_default_c_personalises_without_collapsing_and_summed_kl_collapses():
     assert float((ten_rounds({"coef_steps": 1}) - 1 / n).abs().max()) < 0.05
 
 
-def test_simplex_projection():
-    v = torch.tensor([[0.5, 2.0, -1.0], [0.5, 0.0, -1.0], [0.2, -3.0, -1.0]], dtype=torch.float64)
-    got = project_simplex(v)
-    np.testing.assert_allclose(got.numpy(), np_project(v.numpy()), atol=1e-12)
-    assert torch.allclose(got[:, 1], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
-    assert torch.allclose(got[:, 2], torch.full((3,), 1 / 3, dtype=torch.float64))
-    on = torch.tensor([[0.2], [0.3], [0.5]], dtype=torch.float64)
-    assert torch.allclose(project_simplex(on), on)  # already on the simplex: unchanged
-
-
 def test_official_coef_update_is_the_codes_normalised_step_and_softmax():
     n = 3
     s = soft(n, 6, 4, seed=3)
@@ -313,15 +240,6 @@ def distilled_by_hand(env, weights, x, teacher, temperature, lr):
     return {k: weights[k] - lr * g for k, g in zip(names, grads, strict=True)}
 
 
-def trained_by_hand(env, weights, seed, **overrides):
-    """``weights`` after the client's private training, batches drawn after seeding ``seed``."""
-    m = env.model("ref")
-    set_weights(m, weights)
-    torch.manual_seed(seed)
-    env.train(m, RoundContext(1), **overrides)
-    return get_weights(m)
-
-
 def spy_on_training(monkeypatch, env) -> list:
     """Make ``env.train`` record (weights before, weights after) of every call; it still
     trains."""
@@ -384,24 +302,6 @@ def test_client_round_order_upload_temperature_and_distillation_by_value(
         assert_weights_close(out.state["weights"], calls[0][1], atol=0)
 
 
-@pytest.mark.parametrize("name", ["ktpfl", "fedmd", "simpfd"])
-def test_distillation_lowers_kl_to_the_teacher_on_the_public_set(name, digits_with_public):
-    cfg = hetero_cfg(
-        {"name": name, "distill_epochs": 8, "distill_batch_size": 16, "order": "train_then_distill"}
-    )
-    algo, _, envs = setup(cfg, digits_with_public)
-    x = digits_with_public.public_x
-    teacher = torch.softmax(logits_of(envs[2], envs[2].init_weights(), x, "t") * 10, 1)
-    for env in envs[:2]:  # an MLP and the ResNet
-        w = algo.client_init(env)["weights"]
-        before = kl_rows(teacher, torch.log_softmax(logits_of(env, w, x), 1))
-        out = algo.client_update(
-            env, {"teacher": teacher}, {"weights": w}, RoundContext(1, "distill")
-        )
-        after = kl_rows(teacher, torch.log_softmax(logits_of(env, out.state["weights"], x), 1))
-        assert after < 0.8 * before, (before, after)
-
-
 def test_local_epoch_ramp_and_fixed_schedule(monkeypatch, digits_with_public):
     for schedule, expected in (("ramp", [1, 2, 3, 3]), ("fixed", [3, 3, 3, 3])):
         cfg = hetero_cfg({"name": "ktpfl", "local_epoch_schedule": schedule}, local_epochs=3)
@@ -420,7 +320,7 @@ def test_local_epoch_ramp_and_fixed_schedule(monkeypatch, digits_with_public):
         assert seen == expected, schedule
 
 
-# -- teachers, Sim-pFD, TopK-pFD, the distillation loss ------------------------------------------------
+# -- teachers ------------------------------------------------------------------------------------------
 
 
 def test_teacher_for_client_n_is_exactly_the_c_weighted_mix(digits_with_public):
@@ -455,70 +355,6 @@ def test_fixed_c_ablations_teach_with_the_mean_or_the_students_own_predictions(
             assert torch.allclose(sim.server["teachers"][n], expected, atol=1e-6)
     diag = 1.0 if c_init == "identity" else 0.25
     assert sim.server["c_self_mass"] == pytest.approx([diag, diag])
-
-
-def test_sim_pfd_weights_are_the_cosine_similarities():
-    s = soft(3, 5, 4, seed=5)
-    flat = s.reshape(3, -1).numpy()
-    cos = np.array([[a @ b / np.linalg.norm(a) / np.linalg.norm(b) for b in flat] for a in flat])
-    np.testing.assert_allclose(cosine_matrix(s).numpy(), cos, atol=1e-12)
-    np.testing.assert_allclose(similarity_weights(s).numpy(), cos / cos.sum(0), atol=1e-12)
-    shifted = cos - cos.min(0)  # the authors' code: least similar client gets 0
-    np.testing.assert_allclose(
-        similarity_weights(s, "code").numpy(), shifted / shifted.sum(0), atol=1e-12
-    )
-
-
-def test_topk_pfd_averages_the_k_most_similar_clients_including_itself():
-    s = soft(5, 6, 4, seed=6)
-    cos = cosine_matrix(s)
-    w = topk_weights(s, 3)
-    for n in range(5):
-        chosen = set(torch.nonzero(w[:, n]).flatten().tolist())
-        others = sorted((m for m in range(5) if m != n), key=lambda m: -float(cos[m, n]))
-        assert chosen == {n, *others[:2]}
-        assert torch.allclose(w[list(chosen), n], torch.full((3,), 1 / 3, dtype=torch.float64))
-    assert torch.allclose(topk_weights(s, 10).sum(0), torch.ones(5, dtype=torch.float64))
-
-
-def test_kd_loss_is_kl_teacher_student_and_its_t2_form():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 4)
-    x, t = torch.randn(5, 3), 4.0
-    teacher = torch.softmax(torch.randn(5, 4), 1)
-    q = torch.softmax(model(x) / t, 1)
-    kl = (teacher * (teacher.log() - q.log())).sum(1).mean()
-    assert kd_loss(t)(model, x, teacher).item() == pytest.approx(kl.item(), rel=1e-5)
-    assert kd_loss(t, "kl_t2")(model, x, teacher).item() == pytest.approx(
-        t * t * kl.item(), rel=1e-5
-    )
-    assert kd_loss(t, "kl_mean")(model, x, teacher).item() == pytest.approx(kl.item() / 4, rel=1e-5)
-    # the gradient on the logits: (q - p) / (T B) for kl, T (q - p) / B with the T^2 factor
-    z = model(x).detach().requires_grad_(True)
-    logit_model = lambda _: z  # noqa: E731
-    (g,) = torch.autograd.grad(kd_loss(t, "kl_t2")(logit_model, x, teacher), z)
-    assert torch.allclose(g, t * (q.detach() - teacher) / 5, atol=1e-6)
-
-
-def test_simpfd_and_topkpfd_teachers_through_the_server_by_hand(digits_with_public):
-    """The share phase's teachers, S_hat_n = sum_m w[m, n] S_m: Sim-pFD's w[:, n] the cosine
-    similarities of the flattened soft predictions to S_n, normalised over m; TopK-pFD's
-    (k = 2) 1/2 on the student and on its most similar other client."""
-    s = soft(4, 64, 10, seed=12).float()
-    flat = s.double().reshape(4, -1).numpy()
-    cos = np.array([[a @ b / np.linalg.norm(a) / np.linalg.norm(b) for b in flat] for a in flat])
-    share = {c: {"soft": s[c], "num_samples": 10 * (c + 1)} for c in range(4)}
-    algo, senv, _ = setup(hetero_cfg({"name": "simpfd"}), digits_with_public)
-    teachers = algo.aggregate(senv, algo.server_init(senv), share, 1, "share")["teachers"]
-    w = cos / cos.sum(0)
-    for n in range(4):
-        expected = sum(float(w[m, n]) * s[m] for m in range(4))
-        assert torch.allclose(teachers[n], expected, atol=1e-6)
-    algo, senv, _ = setup(hetero_cfg({"name": "topkpfd", "k": 2}), digits_with_public)
-    teachers = algo.aggregate(senv, algo.server_init(senv), share, 1, "share")["teachers"]
-    for n in range(4):
-        nearest = max((m for m in range(4) if m != n), key=lambda m: cos[m, n])
-        assert torch.allclose(teachers[n], (s[n] + s[nearest]) / 2, atol=1e-6)
 
 
 # -- end to end: heterogeneous clients ---------------------------------------------------------------
@@ -576,209 +412,6 @@ def test_reupload_doubles_the_upload(digits_with_public):
     )
     row = sim.run_round(1)
     assert row["bytes_up"] == [2 * 64 * 10 * 4 + 8] * 4
-
-
-def test_fedmd_teacher_is_the_plain_mean(digits_with_public):
-    algo, senv, _ = setup(hetero_cfg({"name": "fedmd"}), digits_with_public)
-    s = soft(4, 64, 10, seed=9).float()
-    counts = (5, 10, 20, 40)  # the consensus ignores D_n
-    server = algo.aggregate(
-        senv, algo.server_init(senv),
-        {c: {"soft": s[c], "num_samples": counts[c]} for c in range(4)}, 1, "share",
-    )  # fmt: skip
-    for n in range(4):
-        assert torch.allclose(server["teachers"][n], (s[0] + s[1] + s[2] + s[3]) / 4, atol=1e-6)
-    assert algo.order == "distill_then_train"  # FedMD: digest, then revisit
-
-
-# -- FedDF and pFedDF ---------------------------------------------------------------------------------
-
-
-def feddf_round(algorithm: dict, data):
-    """FedDF's uploads of round 1 (every client trained from its prototype) and the server
-    state after aggregating them."""
-    algo, senv, envs = setup(hetero_cfg(algorithm), data)
-    server = algo.server_init(senv)
-    uploads = {}
-    for c in range(4):
-        torch.manual_seed(c)
-        payload = algo.configure(senv, server, c, 1, "train")
-        uploads[c] = algo.client_update(envs[c], payload, {}, RoundContext(1)).upload
-    torch.manual_seed(99)
-    return algo, senv, envs, uploads, algo.aggregate(senv, server, uploads, 1, "train")
-
-
-def ensemble_by_hand(envs, uploads, x, t):
-    """softmax(mean over ALL clients of their logits / T)."""
-    logits = [logits_of(envs[c], uploads[c]["weights"], x, "t") for c in range(4)]
-    return torch.softmax(torch.stack(logits).mean(0) / t, 1)
-
-
-def test_feddf_one_epoch_distils_the_all_client_ensemble_into_each_group_by_value(
-    digits_with_public,
-):
-    t = 3.0
-    algo, senv, envs, uploads, server = feddf_round(
-        {"name": "feddf", "server_distill": "one_epoch", "temperature": t,
-         "distill_batch_size": 64},
-        digits_with_public,
-    )  # fmt: skip
-    x = digits_with_public.public_x
-    teacher = ensemble_by_hand(envs, uploads, x, t)
-    np.testing.assert_allclose(algo.ensemble_teacher(senv, uploads).numpy(), teacher, atol=1e-5)
-    for c in range(4):  # one client per architecture: its group average is its upload
-        env, w = envs[c], uploads[c]["weights"]
-        m = env.model("ref")
-        set_weights(m, w)
-        m.train()
-        logq = torch.log_softmax(m(x) / t, dim=1)
-        loss = (teacher * (teacher.log() - logq)).sum(1).mean()
-        grads = dict(zip([k for k, _ in m.named_parameters()],
-                         torch.autograd.grad(loss, list(m.parameters())), strict=True))  # fmt: skip
-        expected = {**get_weights(m), **{k: w[k] - 0.05 * g for k, g in grads.items()}}
-        proto = server["protos"][env.arch]
-        for k in expected:  # parameters one SGD step on, BatchNorm buffers after the batch
-            assert torch.allclose(proto[k].double(), expected[k].double(), atol=1e-5), (c, k)
-    assert server["fusion"] == {}
-
-
-def test_feddf_default_fusion_keeps_the_best_student_on_the_held_out_public_samples(
-    digits_with_public,
-):
-    t = 3.0
-    algo, senv, envs, uploads, server = feddf_round(
-        {"name": "feddf", "temperature": t, "server_steps": 30, "eval_every": 10},
-        digits_with_public,
-    )
-    x = digits_with_public.public_x
-    teacher = ensemble_by_hand(envs, uploads, x, t)
-    cut = 64 - 7  # the last ceil(0.1 * 64) public samples are held out
-    for c in range(4):
-        env = envs[c]
-        info = server["fusion"][env.arch]
-        assert info["steps"] == 30 and info["best_step"] in (10, 20, 30)
-        proto = server["protos"][env.arch]
-        logq = torch.log_softmax(logits_of(env, proto, x) / t, 1)
-        assert info["heldout_kl"] == pytest.approx(kl_rows(teacher[cut:], logq[cut:]), rel=1e-4)
-        # distillation lowered KL(teacher || student) on the public samples it trained on
-        start = torch.log_softmax(logits_of(env, uploads[c]["weights"], x) / t, 1)
-        assert kl_rows(teacher[:cut], logq[:cut]) < kl_rows(teacher[:cut], start[:cut]), c
-
-
-def test_feddf_server_step_is_adam_with_cosine_annealing_by_value():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 4)
-    x = torch.randn(20, 3)
-    teacher = torch.softmax(torch.randn(20, 4), 1)
-    p0 = {k: v.detach().clone() for k, v in model.named_parameters()}
-    lr, t, b1, b2, eps = 0.01, 2.0, 0.9, 0.999, 1e-8
-
-    def grad_at(params):
-        z = x @ params["weight"].T + params["bias"]
-        logq = torch.log_softmax(z / t, 1)
-        loss = (teacher * (teacher.log() - logq)).sum(1).mean()
-        return dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True))
-
-    p = {k: v.clone().requires_grad_(True) for k, v in p0.items()}
-    m = {k: torch.zeros_like(v) for k, v in p0.items()}
-    v = {k: torch.zeros_like(v) for k, v in p0.items()}
-    for step, step_lr in ((1, lr), (2, lr * (1 + math.cos(math.pi / 2)) / 2)):
-        g = grad_at(p)
-        with torch.no_grad():
-            for k in p:
-                m[k] = b1 * m[k] + (1 - b1) * g[k]
-                v[k] = b2 * v[k] + (1 - b2) * g[k] ** 2
-                mhat, vhat = m[k] / (1 - b1**step), v[k] / (1 - b2**step)
-                p[k] -= step_lr * mhat / (vhat.sqrt() + eps)
-    info = ensemble_distill(
-        model, x, teacher, x[:5], teacher[:5], steps=2, batch_size=32, lr=lr, temperature=t
-    )
-    assert info["steps"] == 2 and info["best_step"] == 2
-    for k, w in model.named_parameters():
-        assert torch.allclose(w, p[k], atol=1e-6), k
-
-
-def test_feddf_stops_early_when_the_held_out_kl_stops_improving():
-    torch.manual_seed(0)
-    x = torch.ones(8, 3)  # one input, so the held-out KL moves monotonically
-    towards_0 = torch.tensor([[0.95, 0.05]]).expand(8, 2)
-    towards_1 = torch.tensor([[0.05, 0.95]]).expand(8, 2)
-
-    def run(patience):
-        model = torch.nn.Linear(3, 2)
-        torch.nn.init.zeros_(model.weight)
-        torch.nn.init.zeros_(model.bias)
-        info = ensemble_distill(
-            model, x, towards_0, x, towards_1, steps=60, batch_size=8, lr=2e-3, temperature=1.0,
-            eval_every=10, patience=patience,
-        )  # fmt: skip
-        logq = torch.log_softmax(model(x).detach(), 1)
-        return info, kl_rows(towards_1, logq)
-
-    info, kept = run(patience=30)
-    # held-out KL rises from the first check on: best at 10, no better at 20, 30, 40: stop
-    assert (info["steps"], info["best_step"]) == (40, 10)
-    assert kept == pytest.approx(info["heldout_kl"], rel=1e-5)  # the step-10 student is kept
-    info, _ = run(patience=1000)
-    assert (info["steps"], info["best_step"]) == (60, 10)
-
-
-def test_pfeddf_fine_tunes_the_prototype_for_ft_epochs_by_value(digits_with_public):
-    algo, senv, envs, _, server = feddf_round(
-        {"name": "pfeddf", "ft_epochs": 2, "server_steps": 5}, digits_with_public
-    )
-    env = envs[1]
-    proto = server["protos"][env.arch]
-    torch.manual_seed(21)
-    personal = algo.personal_weights(env, algo.eval_view(senv, server, 1, 1), {}, RoundContext(1))
-    expected = trained_by_hand(env, proto, 21, epochs=2)  # train.local_epochs is 1
-    for k in expected:
-        assert torch.allclose(personal[k], expected[k], atol=1e-6), k
-
-
-def test_feddf_group_average_is_sample_weighted_before_distillation_by_hand(
-    tiny, digits_with_public
-):
-    """One architecture, four uploads with n_k = 10, 20, 30, 40: the server starts from
-    sum_k (n_k / n) w_k, forms the teacher softmax(mean_k f_k(x) / T) (the clients' logits
-    averaged) and takes one full-batch SGD step (server_distill one_epoch, 64 public samples,
-    distill_batch_size 64, lr = train.lr) on KL(teacher || softmax(f(x) / T))."""
-    t = 2.0
-    algo_cfg = {"name": "feddf", "server_distill": "one_epoch", "temperature": t,
-                "distill_batch_size": 64}  # fmt: skip
-    algo, senv, _ = setup(tiny(algorithm=algo_cfg), digits_with_public)
-    base = algo.server_init(senv)["protos"][senv.arch()]
-    gen = torch.Generator().manual_seed(1)
-    uploads = {
-        c: {"weights": {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in base.items()},
-            "num_samples": 10 * (c + 1)}
-        for c in range(4)
-    }  # fmt: skip
-    server = algo.aggregate(senv, algo.server_init(senv), uploads, 1, "train")
-    x = digits_with_public.public_x
-    avg = {k: sum(u["weights"][k] * u["num_samples"] for u in uploads.values()) / 100 for k in base}
-    with torch.no_grad():
-        z = torch.stack([mlp_logits(u["weights"], x) for u in uploads.values()]).mean(0)
-        teacher = torch.softmax(z / t, 1)
-    p = {k: v.clone().requires_grad_(True) for k, v in avg.items()}
-    logq = torch.log_softmax(mlp_logits(p, x) / t, 1)
-    loss = (teacher * (teacher.log() - logq)).sum(1).mean()
-    grads = torch.autograd.grad(loss, list(p.values()))
-    expected = {k: avg[k] - 0.05 * g for k, g in zip(p, grads, strict=True)}
-    assert_close(server["protos"][senv.arch()], expected)
-
-
-def test_pfeddf_fine_tunes_the_prototype_by_hand(tiny, digits_with_public):
-    """pFedDF's personalized model: the architecture's prototype after ft_epochs = 2 epochs of
-    SGD at train.lr on the client's data (train.local_epochs is 1)."""
-    algo, senv, envs = setup(tiny(algorithm={"name": "pfeddf", "ft_epochs": 2}), digits_with_public)
-    torch.manual_seed(0)
-    proto = {k: v + 0.1 * torch.randn_like(v) for k, v in senv.init_weights().items()}
-    d = digits_with_public.clients[2]
-    torch.manual_seed(6)
-    got = algo.personal_weights(envs[2], {"proto": proto}, {}, RoundContext(1))
-    torch.manual_seed(6)
-    assert_close(got, hand_sgd(proto, d.train_x, d.train_y, lr=0.05, epochs=2))
 
 
 # -- homogeneous KT-pFL ----------------------------------------------------------------------------

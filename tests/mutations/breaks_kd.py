@@ -6,6 +6,10 @@ gate."""
 from mutate import Break
 
 KT = "tests/algorithms/test_ktpfl.py"
+MD = "tests/algorithms/test_fedmd.py"
+SIM = "tests/algorithms/test_simpfd.py"
+DF = "tests/algorithms/test_feddf.py"
+DISTILL = "tests/algorithms/blocks/test_distill.py"
 
 KTPFL = (
     f"{KT}::test_c_update_matches_hand_computed_gradient_steps",
@@ -16,25 +20,25 @@ KTPFL = (
 )
 KTPFL_HOMO = (f"{KT}::test_homogeneous_ktpfl_mixes_parameters_by_columns_of_c",)
 FEDMD = (
-    f"{KT}::test_fedmd_teacher_is_the_plain_mean",
+    f"{MD}::test_fedmd_teacher_is_the_plain_mean",
     f"{KT}::test_client_round_order_upload_temperature_and_distillation_by_value",
-    f"{KT}::test_kd_loss_is_kl_teacher_student_and_its_t2_form",
+    f"{DISTILL}::test_kd_loss_is_kl_teacher_student_and_its_t2_form",
 )
 SIMPFD = (
-    f"{KT}::test_sim_pfd_weights_are_the_cosine_similarities",
-    f"{KT}::test_simpfd_and_topkpfd_teachers_through_the_server_by_hand",
+    f"{SIM}::test_sim_pfd_weights_are_the_cosine_similarities",
+    f"{SIM}::test_simpfd_and_topkpfd_teachers_through_the_server_by_hand",
 )
 TOPKPFD = (
-    f"{KT}::test_topk_pfd_averages_the_k_most_similar_clients_including_itself",
-    f"{KT}::test_simpfd_and_topkpfd_teachers_through_the_server_by_hand",
+    f"{SIM}::test_topk_pfd_averages_the_k_most_similar_clients_including_itself",
+    f"{SIM}::test_simpfd_and_topkpfd_teachers_through_the_server_by_hand",
 )
 FEDDF = (
-    f"{KT}::test_feddf_one_epoch_distils_the_all_client_ensemble_into_each_group_by_value",
-    f"{KT}::test_feddf_group_average_is_sample_weighted_before_distillation_by_hand",
-    f"{KT}::test_feddf_server_step_is_adam_with_cosine_annealing_by_value",
-    f"{KT}::test_feddf_stops_early_when_the_held_out_kl_stops_improving",
+    f"{DF}::test_feddf_one_epoch_distils_the_all_client_ensemble_into_each_group_by_value",
+    f"{DF}::test_feddf_group_average_is_sample_weighted_before_distillation_by_hand",
+    f"{DF}::test_feddf_server_step_is_adam_with_cosine_annealing_by_value",
+    f"{DF}::test_feddf_stops_early_when_the_held_out_kl_stops_improving",
 )
-PFEDDF = (f"{KT}::test_pfeddf_fine_tunes_the_prototype_by_hand",)
+PFEDDF = (f"{DF}::test_pfeddf_fine_tunes_the_prototype_by_hand",)
 FEDAWS = ("tests/algorithms/test_fedaws.py",)
 FLDA = ("tests/algorithms/test_flda.py",)
 

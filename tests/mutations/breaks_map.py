@@ -4,26 +4,29 @@
 from mutate import Break
 
 M = "tests/algorithms/test_map.py"
+HPM = "tests/algorithms/blocks/test_hpm.py"
+RS = "tests/algorithms/blocks/test_rs.py"
+FRS = "tests/algorithms/test_fedrs.py"
+P = "tests/algorithms/test_fedphp.py"
 MAP = (
-    f"{M}::test_eq13_weights_ce_by_one_minus_lambda_and_kt_by_lambda",
-    f"{M}::test_kd_loss_averages_over_the_batch",
+    f"{HPM}::test_eq13_weights_ce_by_one_minus_lambda_and_kt_by_lambda",
+    f"{HPM}::test_kd_loss_averages_over_the_batch",
     f"{M}::test_incomplete_partition_balances_a_clients_classes_with_quantity_skew",
     f"{M}::test_selected_client_protocol_scores_the_hpm_of_the_selected_clients",
     f"{M}::test_map_stage_b_runs_at_the_scaled_learning_rate",
 )
 FEDRS = (
-    f"{M}::test_rs_scales_exactly_the_missing_classes_logits",
-    f"{M}::test_rs_soft_and_complete_modes",
-    f"{M}::test_rs_loss_by_value_for_a_fractional_alpha",
-    f"{M}::test_fedrs_client_step_is_sgd_on_the_rs_loss_by_hand",
+    f"{RS}::test_rs_scales_exactly_the_missing_classes_logits",
+    f"{RS}::test_rs_soft_and_complete_modes",
+    f"{RS}::test_rs_loss_by_value_for_a_fractional_alpha",
+    f"{FRS}::test_fedrs_client_step_is_sgd_on_the_rs_loss_by_hand",
 )
 FEDPHP = (
-    f"{M}::test_hpm_momentum_schedules",
-    f"{M}::test_hpm_update_is_the_moving_average",
-    f"{M}::test_fedphp_uploads_the_fine_tuned_model_and_folds_it_into_the_hpm",
-    f"{M}::test_fedphp_client_step_distils_from_the_hpm_by_hand",
+    f"{HPM}::test_hpm_momentum_schedules",
+    f"{HPM}::test_hpm_update_is_the_moving_average",
+    f"{P}::test_fedphp_uploads_the_fine_tuned_model_and_folds_it_into_the_hpm",
+    f"{P}::test_fedphp_client_step_distils_from_the_hpm_by_hand",
 )
-P = "tests/algorithms/test_fedphp.py"
 FEDPHP_PFLLIB = (  # FedPHP's PFLlib options
     f"{P}::test_pfllib_mmd_of_two_2x2_batches_by_hand",
     f"{P}::test_eq13_with_pfllib_mmd_by_hand",
