@@ -21,8 +21,7 @@ import pytest
 import torch
 
 from pflkit.data import download as dl
-from pflkit.data import sources
-from pflkit.data.sources import SOURCES, clear_cache, default_data_root, load_source
+from pflkit.data.sources import SOURCES, cifar, clear_cache, default_data_root, idx, load_source
 from pflkit.errors import PflkitError
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -46,7 +45,7 @@ def _small_files_are_not_official(request, monkeypatch):
     """The tests write small files in the official formats, which cannot match the official
     checksums: local-file verification is off unless a test is marked ``verify``."""
     if "verify" not in request.keywords:
-        monkeypatch.setattr(sources, "_verify_idx", lambda *a: None)
+        monkeypatch.setattr(idx, "_verify_idx", lambda *a: None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -172,7 +171,7 @@ def test_mnist_idx_local(tmp_path, gz):
 def test_fashion_mnist_prefers_root_over_system_dir(tmp_path, monkeypatch):
     other = tmp_path / "system"
     write_mnist_like(other, n_train=3)
-    monkeypatch.setattr(sources, "SYSTEM_DIRS", {"fashion_mnist": [other]})
+    monkeypatch.setattr(idx, "SYSTEM_DIRS", {"fashion_mnist": [other]})
     assert load_source("fashion_mnist", root=tmp_path / "r", download=False).num_train == 3
     write_mnist_like(tmp_path / "r" / "fashion_mnist", gz=False, n_train=5)
     clear_cache()
@@ -336,7 +335,7 @@ def test_download_wrong_checksum_leaves_nothing(tmp_path, http_dir, monkeypatch)
 
 
 def test_download_failure_names_directory_and_fix(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "SYSTEM_DIRS", {"fashion_mnist": []})
+    monkeypatch.setattr(idx, "SYSTEM_DIRS", {"fashion_mnist": []})
     url = closed_port_url()
     with pytest.raises(PflkitError) as err:
         load_source("fashion_mnist", root=tmp_path, mirrors=url)
@@ -414,10 +413,10 @@ def test_cifar10_tarball_and_extracted(tmp_path, tarball):
     labels = sum((batches[f"data_batch_{i}"]["labels"] for i in range(1, 6)), [])
     assert src.train_y.tolist() == labels
     raw = batches["data_batch_1"]["data"][0].reshape(3, 32, 32).astype(np.float32) / 255
-    mean = np.array(sources.CIFAR10_MEAN, dtype=np.float32)[:, None, None]
-    std = np.array(sources.CIFAR10_STD, dtype=np.float32)[:, None, None]
+    mean = np.array(cifar.CIFAR10_MEAN, dtype=np.float32)[:, None, None]
+    std = np.array(cifar.CIFAR10_STD, dtype=np.float32)[:, None, None]
     torch.testing.assert_close(src.train_x[0], torch.from_numpy((raw - mean) / std))
-    assert src.mean == sources.CIFAR10_MEAN and src.class_names[0] == "airplane"
+    assert src.mean == cifar.CIFAR10_MEAN and src.class_names[0] == "airplane"
 
 
 def test_cifar100_fine_labels(tmp_path):
@@ -473,7 +472,7 @@ def test_cinic10_png_folders(tmp_path):
     rng = np.random.default_rng(0)
     first = {}
     for split in ("train", "valid", "test"):
-        for c, cls in enumerate(sources.CIFAR10_CLASSES):
+        for c, cls in enumerate(cifar.CIFAR10_CLASSES):
             for j in range(1 if split != "train" or c else 2):
                 img = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
                 write_png(home / split / cls / f"{cls}-{j}.png", img)
@@ -483,19 +482,19 @@ def test_cinic10_png_folders(tmp_path):
     assert src.train_x.shape == (12, 3, 32, 32) and src.test_x.shape == (10, 3, 32, 32)
     assert src.train_y.tolist() == [0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9]
     assert src.test_y.tolist() == list(range(10))
-    mean = np.array(sources.CINIC10_MEAN, dtype=np.float32)[:, None, None]
-    std = np.array(sources.CINIC10_STD, dtype=np.float32)[:, None, None]
+    mean = np.array(cifar.CINIC10_MEAN, dtype=np.float32)[:, None, None]
+    std = np.array(cifar.CINIC10_STD, dtype=np.float32)[:, None, None]
     want = (first[("test", 3)].transpose(2, 0, 1).astype(np.float32) / 255 - mean) / std
     torch.testing.assert_close(src.test_x[3], torch.from_numpy(want))
-    gray_img = src.train_x[-1] * torch.tensor(sources.CINIC10_STD).view(3, 1, 1)
-    gray_img += torch.tensor(sources.CINIC10_MEAN).view(3, 1, 1)
+    gray_img = src.train_x[-1] * torch.tensor(cifar.CINIC10_STD).view(3, 1, 1)
+    gray_img += torch.tensor(cifar.CINIC10_MEAN).view(3, 1, 1)
     torch.testing.assert_close(gray_img, torch.full((3, 32, 32), 7 / 255))
 
 
 def test_cinic10_corrupt_png_and_missing_class(tmp_path):
     home = tmp_path / "cinic10"
     for split in ("train", "test"):
-        for cls in sources.CIFAR10_CLASSES:
+        for cls in cifar.CIFAR10_CLASSES:
             write_png(home / split / cls / "a.png", np.zeros((32, 32, 3), dtype=np.uint8))
     (home / "test" / "dog" / "a.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
     with pytest.raises(PflkitError, match=r"test/dog/a\.png is corrupt"):
@@ -510,7 +509,7 @@ def test_cinic10_download_and_extract(tmp_path, http_dir, monkeypatch):
     served, url = http_dir
     with tarfile.open(served / "CINIC-10.tar.gz", "w:gz") as tar:
         for split in ("train", "test", "valid"):
-            for cls in sources.CIFAR10_CLASSES:
+            for cls in cifar.CIFAR10_CLASSES:
                 buf = io.BytesIO()
                 from PIL import Image
 

@@ -132,7 +132,7 @@ def test_layers_depend_one_way():
 def test_the_graph_sees_the_known_imports():
     graph = import_graph(SRC, "pflkit")
     assert "pflkit.algorithms.base" in graph["pflkit.plugins"]  # from ... import name
-    assert "pflkit.data.download" in graph["pflkit.data.sources"]  # from package import module
+    assert "pflkit.data.download" in graph["pflkit.data.sources.idx"]  # from package import module
     assert "pflkit.engine.simulation" in graph["pflkit.engine"]
 
 

@@ -17,10 +17,9 @@ from torch import nn
 
 from pflkit.config import DataConfig
 from pflkit.data import download as dl
-from pflkit.data import text
 from pflkit.data.federated import build_federated
-from pflkit.data.sources import SOURCES, clear_cache, load_source
-from pflkit.data.text import basic_english, build_vocab, encode, tokenize_all
+from pflkit.data.sources import SOURCES, clear_cache, load_source, text
+from pflkit.data.sources.text import basic_english, build_vocab, encode, tokenize_all
 from pflkit.engine.runner import run_experiment
 from pflkit.errors import PflkitError
 from pflkit.models import MODELS, build_model

@@ -15,9 +15,8 @@ from torch import nn
 
 from pflkit.config import DataConfig
 from pflkit.data import download as dl
-from pflkit.data import tiny_har
 from pflkit.data.federated import build_federated
-from pflkit.data.sources import SOURCES, clear_cache, load_source
+from pflkit.data.sources import SOURCES, clear_cache, har, load_source, tiny_imagenet
 from pflkit.errors import PflkitError
 from pflkit.models import MODELS, build_model, model_options
 
@@ -114,14 +113,14 @@ def test_tiny_imagenet_cache_is_used_rebuilt_when_stale_and_optional(tmp_path, m
     cache = tmp_path / "tiny_imagenet" / "cache"
     assert sorted(p.name for p in cache.iterdir()) == ["train.npz", "val.npz"]
 
-    real_decode = tiny_har._decode_jpegs
+    real_decode = tiny_imagenet._decode_jpegs
     calls = []
 
     def counting(files):
         calls.append(len(files))
         return real_decode(files)
 
-    monkeypatch.setattr(tiny_har, "_decode_jpegs", counting)
+    monkeypatch.setattr(tiny_imagenet, "_decode_jpegs", counting)
     clear_cache()
     again = load_source("tiny_imagenet", root=tmp_path, download=False)
     assert calls == [] and torch.equal(again.train_x, first.train_x)  # served from the cache
@@ -285,7 +284,7 @@ def write_har(base: Path) -> None:
     for split, rows in HAR_ROWS.items():
         d = base / split / "Inertial Signals"
         d.mkdir(parents=True, exist_ok=True)
-        for c, sig in enumerate(tiny_har.HAR_SIGNALS):
+        for c, sig in enumerate(har.HAR_SIGNALS):
             lines = [
                 " " + " ".join(f"{signal_value(split, n, c, t): .7e}" for t in range(128))
                 for n in range(len(rows))

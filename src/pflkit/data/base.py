@@ -1,20 +1,26 @@
-"""What every source loader shares: the :class:`Source` it returns, the checks of its options,
-and the helpers that read its files and turn them into tensors.
+"""What every source loader shares: the :class:`Source` it returns, the :class:`SourceInfo`
+that registers it, the checks of its options, the class-name tables and the helpers that read
+its files (archives included) and turn them into tensors.
 
-:mod:`pflkit.data.sources` (the registry and the image benchmarks), :mod:`pflkit.data.text` and
-:mod:`pflkit.data.tiny_har` build on this module; it imports none of them.
+:mod:`pflkit.data.sources` (the registry, :func:`~pflkit.data.sources.load_source`) and its
+family modules (:mod:`~pflkit.data.sources.idx`, :mod:`~pflkit.data.sources.cifar`, ...) build
+on this module; it imports none of them.
 """
 
 from __future__ import annotations
 
 import gzip
+import inspect
 import math
 import os
+import shutil
+import string
+import zipfile
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -58,6 +64,27 @@ class Source:
     @property
     def num_test(self) -> int:
         return 0 if self.test_x is None else int(self.test_x.shape[0])
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Registry entry: how to load a source and what `pflkit list` says about it."""
+
+    name: str
+    description: str  # one line
+    loader: Callable[..., Source]
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options ``load_source`` accepts for this source, with their defaults."""
+        params = inspect.signature(self.loader).parameters.values()
+        return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+# Class names shared by several families (digits: MNIST, EMNIST, mnist5k, digits; the 62
+# characters: FEMNIST and EMNIST's byclass split).
+DIGIT_CLASSES = list(string.digits)
+_FEMNIST_CLASSES = list(string.digits + string.ascii_uppercase + string.ascii_lowercase)
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,6 +161,13 @@ def _missing(what: str, directory: Path, files: Sequence[str], hint: str = "") -
     )
 
 
+def _labels(values: np.ndarray | Sequence[int], path: Path, num_classes: int) -> torch.Tensor:
+    y = np.asarray(values, dtype=np.int64)
+    if y.size and (y.min() < 0 or y.max() >= num_classes):
+        raise _corrupt(path, f"labels range {y.min()}..{y.max()}, expected 0..{num_classes - 1}")
+    return torch.from_numpy(y)
+
+
 def _decode_images(
     files: Sequence[Path],
     read: Callable[[Path], np.ndarray],
@@ -177,3 +211,55 @@ def _rgb_to_tensor(images: np.ndarray, mean: Sequence[float], std: Sequence[floa
     m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
     return x.sub_(m).div_(s)
+
+
+# --------------------------------------------------------------------------------------------
+# Archive extraction (Tiny-ImageNet, UCI HAR)
+# --------------------------------------------------------------------------------------------
+
+
+def _extract(
+    archive: Path, home: Path, folder: str, marker: str, skip: Callable[[str], bool], what: str
+) -> Path:
+    """Extract ``archive`` (a zip) so that ``home/folder`` holds the folder of the archive that
+    contains ``marker``; members for which ``skip(name)`` is true are left out. The folder is
+    moved into place only once complete. Returns ``home/folder``."""
+    target = home / folder
+    if target.exists():
+        raise PflkitError(
+            f"{what} folder {target} exists but is incomplete (it has no {marker}); delete it "
+            f"so that {archive.name} can be extracted there"
+        )
+    tmp = home / f".extract-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        try:
+            with zipfile.ZipFile(archive) as z:
+                for info in z.infolist():
+                    if not skip(info.filename):
+                        z.extract(info, tmp)  # zipfile drops absolute paths and '..' parts
+        except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+            raise _corrupt(archive, f"{type(e).__name__}: {e}") from None
+        except OSError as e:
+            raise PflkitError(
+                f"cannot extract {archive} into {home} ({e}); check free disk space and "
+                "write permission"
+            ) from None
+        dirs = [tmp, *sorted(p for p in tmp.iterdir() if p.is_dir())]
+        found = next((d for d in dirs if (d / marker).exists()), None)
+        if found is None:
+            raise _corrupt(archive, f"it has no {marker}")
+        try:
+            os.replace(found, target)
+        except OSError as e:
+            if not (target / marker).exists():  # not another process extracting it meanwhile
+                msg = f"cannot move the extracted {what} files to {target} ({e}); check the path"
+                raise PflkitError(msg) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _first_parts(name: str, n: int = 2) -> tuple[str, ...]:
+    return PurePosixPath(name).parts[:n]

@@ -1,7 +1,7 @@
 """Text sources of GPFL (Zhang et al., ICCV 2023): AG News and the Amazon Review sentiment set.
 
-Both are read from their official files; :mod:`pflkit.data.sources` registers them as
-``ag_news`` and ``amazon_review``.
+Both are read from their official files; this module's ``ENTRIES`` register them in
+:data:`pflkit.data.sources.SOURCES` as ``ag_news`` and ``amazon_review``.
 
 **AG News** (Zhang, Zhao & LeCun, "Character-level convolutional networks for text
 classification", NeurIPS 2015; the ``ag_news_csv`` release): ``train.csv`` (120,000 rows) and
@@ -71,7 +71,15 @@ import numpy as np
 import torch
 
 from pflkit.data import download as dl
-from pflkit.data.base import Source, _corrupt, _missing, _opt_int, _opt_mirrors, _read_maybe_gz
+from pflkit.data.base import (
+    Source,
+    SourceInfo,
+    _corrupt,
+    _missing,
+    _opt_int,
+    _opt_mirrors,
+    _read_maybe_gz,
+)
 from pflkit.errors import PflkitError
 
 __all__ = [
@@ -386,3 +394,19 @@ def _load_amazon_review(root: Path, download: bool, *, num_features: int = 5000)
         group_names=list(AMAZON_DOMAINS),
         class_names=["negative", "positive"],
     )
+
+
+ENTRIES: list[SourceInfo] = [
+    SourceInfo(
+        "ag_news",
+        "AG News: 120k/7.6k news texts as max_len token ids (basic_english, train-only "
+        "vocabulary), 4 classes; options max_len, min_freq, max_vocab (downloaded)",
+        _load_ag_news,
+    ),
+    SourceInfo(
+        "amazon_review",
+        "Amazon Review (MDAN/KD3A amazon.npz): 27,677 5,000-dim bag-of-words reviews, "
+        "2 classes, grouped by domain (4); no test set (local file only)",
+        _load_amazon_review,
+    ),
+]
