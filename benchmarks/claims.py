@@ -171,7 +171,7 @@ CLAIMS: list[Claim | TrafficClaim] = [
           "no code variant of ScaMAP or SCAFFOLD: one protocol"),
     Claim("KT-pFL", "KT-pFL first on Fashion-MNIST, 20 clients (Table 2)", "ktpfl/fmnist20",
           "pers_acc_mean", "ktpfl_homo", None, *KT,
-          "FedFomo's runs here predate its neighbour-choice fix (not the best rival)"),
+          "pFedHN above it; FedFomo, rerun after its neighbour-choice fix, level with it"),
     Claim("KT-pFL", "KT-pFL above pFedHN (Table 2)", "ktpfl/fmnist20", "pers_acc_mean",
           "ktpfl_homo", "pfedhn", *KT),
     Claim("KT-pFL", "KT-pFL above pFedMe (Table 2)", "ktpfl/fmnist20", "pers_acc_mean",
