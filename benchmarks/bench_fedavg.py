@@ -11,7 +11,8 @@ so that machine noise hits all alike; the ratios are of the medians:
 - **in-process**: :class:`~pflkit.engine.clients.InProcess`, one process with torch's default
   thread count (``--threads`` to change it);
 - **process pool**: :class:`~pflkit.engine.clients.ProcessPool`, ``--workers`` processes with
-  ``--threads-per-worker`` torch threads each;
+  ``--threads-per-worker`` torch threads each (``--workers 2,4,8``: one pool contender per
+  count; on ``--device cuda`` the workers share the GPU, each with its own CUDA context);
 - **tight loop**: plain PyTorch in this process, no pflkit code: per client, load the global
   weights, one epoch of SGD over its preloaded training tensors, keep a copy of the result
   (training only: no evaluation).
@@ -20,12 +21,15 @@ A pflkit round is the whole round: training and the evaluation of every client's
 model and of the global model. Peak memory is the largest sum of proportional set sizes (PSS:
 shared pages split between the processes that share them) over this process and its workers,
 sampled every 0.2 s during one extra, untimed round per contender after the timed ones
-(reading PSS costs CPU, so it never runs while a round is timed; Linux only); the process pool
-is measured first and its workers stopped before the others are measured. Both engines share
+(reading PSS costs CPU, so it never runs while a round is timed; Linux only), over the whole
+process tree (a fork server's workers are grandchildren); on cuda also the peak of the GPU
+memory those processes hold (``nvidia-smi``'s per-process used memory, summed). The process
+pools are measured first and their workers stopped before the others are measured. Both engines share
 one dataset in this process, so the in-process figure includes the pool contender's server
 state too (a few MiB).
 
     python benchmarks/bench_fedavg.py [--rounds 3] [--workers 2] [--device cpu]
+    python benchmarks/bench_fedavg.py --device cuda --workers 2,4,8   # issue 38: workers per GPU
 
 Goals (issue 9): whole round with the process pool <= 0.8x the tight loop on 2 cores;
 evaluation <= 10% of the round.
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -78,25 +83,49 @@ def pss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
-class PeakMemory:
-    """Samples the PSS of this process and its children every 0.2 s in a thread."""
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (children of its threads, recursively)."""
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                todo += [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return pids
 
-    def __init__(self):
+
+def gpu_mib(pids: list[int]) -> float:
+    """GPU memory the processes hold, in MiB (nvidia-smi's per-process used memory)."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    used = dict(map(int, line.split(",")) for line in out.splitlines() if line.strip())
+    return float(sum(used.get(pid, 0) for pid in pids))
+
+
+class PeakMemory:
+    """Samples the PSS (and with ``gpu`` the GPU memory) of this process and every process
+    below it every 0.2 s in a thread."""
+
+    def __init__(self, gpu: bool = False):
         self.peak = 0.0
+        self.gpu_peak = 0.0
+        self.gpu = gpu
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _pids(self) -> list[int]:
-        me = os.getpid()
-        try:
-            kids = Path(f"/proc/{me}/task/{me}/children").read_text().split()
-        except OSError:
-            kids = []
-        return [me, *map(int, kids)]
-
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, pss_mib(self._pids()))
+            pids = process_tree(os.getpid())
+            self.peak = max(self.peak, pss_mib(pids))
+            if self.gpu:
+                self.gpu_peak = max(self.gpu_peak, gpu_mib(pids))
             time.sleep(0.2)
 
     def __enter__(self) -> PeakMemory:
@@ -133,13 +162,21 @@ def tight_round(sim: Simulation, global_weights: dict) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2, help="process-pool workers")
+    ap.add_argument(
+        "--workers", default="2", help="process-pool workers, or a list: one pool per count"
+    )
     ap.add_argument("--threads-per-worker", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None, help="torch threads in this process")
     ap.add_argument("--subset", type=int, default=None, help="use a subset of Fashion-MNIST")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda: no process pool)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (pools share the GPU)")
     ap.add_argument("--eval-batch", type=int, default=None, help="eval.batch_size (default 1000)")
     args = ap.parse_args()
+    try:
+        counts = [int(w) for w in args.workers.split(",")]
+    except ValueError:
+        ap.error(f"--workers {args.workers!r}: give worker counts, e.g. 2 or 2,4,8")
+    if min(counts) < 2:
+        ap.error(f"--workers {args.workers}: a process pool has at least 2 workers")
     if args.threads:
         torch.set_num_threads(args.threads)
     raw = dict(CONFIG, device=args.device)
@@ -150,19 +187,22 @@ def main() -> None:
     cfg = validate(raw)
     data = build_federated(cfg.data)
     contenders = {"in-process": Simulation(cfg, data, InProcess())}
-    if args.device == "cpu":
-        pool = ProcessPool(args.workers, args.threads_per_worker)
-        contenders["process pool"] = Simulation(cfg, data, pool)
+    gpu = args.device != "cpu"
+    for w in counts:
+        pool = ProcessPool(w, args.threads_per_worker, fresh=gpu)
+        name = "process pool" if len(counts) == 1 else f"pool x{w}"
+        contenders[name] = Simulation(cfg, data, pool)
     n_train = sum(len(c.train_y) for c in data.clients)
     print(
         f"fashion_mnist, 20 clients, dirichlet 0.1, cnn4, batch 10, device {args.device}: "
         f"{n_train} training samples per round; this process: {torch.get_num_threads()} torch "
-        f"threads; pool: {args.workers} workers x {args.threads_per_worker} thread(s); "
+        f"threads; pools: {args.workers} workers x {args.threads_per_worker} thread(s); "
         f"{os.cpu_count()} CPUs"
     )
     rounds: dict[str, list[float]] = {k: [] for k in contenders}
     evals: dict[str, list[float]] = {k: [] for k in contenders}
     peak: dict[str, float] = dict.fromkeys([*contenders, "tight loop"], 0.0)
+    gpu_peak = dict(peak)
     tight: list[float] = []
     for rnd in range(1, args.rounds + 1):
         line = []
@@ -179,24 +219,33 @@ def main() -> None:
         print(f"round {rnd}: " + " | ".join(line) + f" | tight loop {tight[-1]:.2f}s", flush=True)
     # memory, untimed: the pool first, then (its workers stopped) in-process and the tight loop
     for name in reversed(contenders):
-        with PeakMemory() as mem:
+        with PeakMemory(gpu) as mem:
             contenders[name].run_round(args.rounds + 1)
         contenders[name].close()
-        peak[name] = mem.peak
-    with PeakMemory() as mem:
+        peak[name], gpu_peak[name] = mem.peak, mem.gpu_peak
+    with PeakMemory(gpu) as mem:
         tight_round(contenders["in-process"], start)
-    peak["tight loop"] = mem.peak
+    peak["tight loop"], gpu_peak["tight loop"] = mem.peak, mem.gpu_peak
     m_tight = statistics.median(tight)
     print(f"\nmedians of {args.rounds} rounds; tight loop {m_tight:.2f} s/round (training only)")
-    print("| runner | whole round (s) | / tight loop | eval share | peak PSS (MiB) |")
-    print("|---|---|---|---|---|")
+    gpu_col = " peak GPU memory (MiB) |" if gpu else ""
+    base = statistics.median(rounds["in-process"])
+    print(
+        "| runner | whole round (s) | / tight loop | / in-process | eval share | peak PSS (MiB) |"
+        + gpu_col
+    )
+    print("|---|---|---|---|---|---|" + ("---|" if gpu else ""))
     for name in contenders:
         m_round, m_eval = statistics.median(rounds[name]), statistics.median(evals[name])
         print(
-            f"| {name} | {m_round:.2f} | {m_round / m_tight:.3f}x | {m_eval / m_round:.1%} | "
-            f"{peak[name]:.0f} |"
+            f"| {name} | {m_round:.2f} | {m_round / m_tight:.3f}x | {m_round / base:.3f}x | "
+            f"{m_eval / m_round:.1%} | {peak[name]:.0f} |"
+            + (f" {gpu_peak[name]:.0f} |" if gpu else "")
         )
-    print(f"| tight loop | {m_tight:.2f} | 1.000x | - | {peak['tight loop']:.0f} |")
+    print(
+        f"| tight loop | {m_tight:.2f} | 1.000x | {m_tight / base:.3f}x | - | "
+        f"{peak['tight loop']:.0f} |" + (f" {gpu_peak['tight loop']:.0f} |" if gpu else "")
+    )
     print("goals: whole round with the process pool <= 0.8x the tight loop; eval share <= 10%")
 
 

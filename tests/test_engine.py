@@ -367,3 +367,28 @@ def test_a_full_disk_during_a_checkpoint_is_one_sentence_and_leaves_no_temp_file
 def test_a_model_too_large_to_allocate_is_one_sentence(tiny):
     with pytest.raises(PflkitError, match="is too large to build here"):
         Simulation(tiny(model={"name": "mlp", "options": {"hidden": [10**11]}}))
+
+
+def test_workers_on_an_accelerator_are_a_pool_of_fresh_processes(tiny, monkeypatch):
+    """engine.workers N with a CUDA device: N workers that share the GPU, each started from a
+    fresh process (a forked CUDA context is unusable), not a refusal."""
+    from pflkit.engine import clients
+
+    cfg = tiny(engine={"workers": 3})
+    assert isinstance(clients.make_runner(cfg), clients.ProcessPool)
+    assert not clients.make_runner(cfg).fresh  # on the CPU: forked, as before
+    monkeypatch.setattr(clients, "resolve_device", lambda name: "cuda")
+    runner = clients.make_runner(cfg)
+    assert isinstance(runner, clients.ProcessPool) and runner.fresh and runner.workers == 3
+    assert isinstance(clients.make_runner(tiny(engine={"workers": "auto"})), clients.InProcess)
+
+
+def test_fresh_worker_processes_give_the_in_process_numbers(tiny, tmp_path):
+    """The pool the GPU path uses (workers from a fork server, the data sent to them on the
+    CPU), run on the CPU: every metric as in this process."""
+    from pflkit.engine.clients import ProcessPool
+
+    cfg = tiny(train={"rounds": 2, "client_fraction": 0.75})
+    here = run_experiment(cfg, out=tmp_path / "here")
+    pool = run_experiment(cfg, out=tmp_path / "pool", runner=ProcessPool(2, 1, fresh=True))
+    assert strip_timing(pool.rows) == strip_timing(here.rows)

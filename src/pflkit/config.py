@@ -232,9 +232,9 @@ class EvalConfig(_Section):
 
 class EngineConfig(_Section):
     """Where client work runs (:mod:`pflkit.engine.clients`). ``workers``: 1 (default) runs
-    clients in this process; N > 1 runs them in N worker processes; ``auto`` uses one worker
-    per CPU core on CPU (1.4x faster rounds on 2 cores, docs/benchmarks.md) and this process
-    on an accelerator. Every runner gives the same numbers at the same torch thread count per
+    clients in this process; N > 1 runs them in N worker processes (on an accelerator they
+    share it, each with its own context); ``auto`` uses one worker per CPU core on CPU (1.4x
+    faster rounds on 2 cores, docs/benchmarks.md) and this process on an accelerator. Every runner gives the same numbers at the same torch thread count per
     process; in-process is the default because it reproduces earlier runs bit for bit."""
 
     workers: int | Literal["auto"] = 1

@@ -6,12 +6,11 @@ with all of its inputs (:class:`TrainJob`, :class:`EvalJob`: payload or view, st
 context); a runner decides *where* the jobs run (``run(algo, envs, jobs) -> results``) and
 holds nothing of the run:
 
-- :class:`InProcess`: here, one client after another (no start-up cost; best for small runs
-  and for one GPU);
+- :class:`InProcess`: here, one client after another (no start-up cost; best for small runs);
 - :class:`ProcessPool`: ``engine.workers`` worker processes, each with its own copy of the
   algorithm and client environments (the dataset's tensors are shared, not copied) and
   ``engine.threads_per_worker`` torch threads; the clients of a phase are dispatched to
-  whichever worker is free;
+  whichever worker is free; on a GPU the workers share the device, each with its own context;
 - the Flower runner (:mod:`pflkit.flower.server`): SuperNodes, over the network.
 
 Every runner executes the same two functions, :func:`train_client` and
@@ -363,11 +362,14 @@ class ProcessPool(ClientRunner):
     shared copy-on-write); with more, a forked copy of a process that has run multi-threaded
     torch kernels can hang, so they start from a fork server (a fresh process; the dataset's
     tensors reach them through shared memory, and a script that starts a run must guard it
-    with ``if __name__ == "__main__":``)."""
+    with ``if __name__ == "__main__":``). ``fresh`` asks for that always: on an accelerator,
+    where a forked CUDA context is unusable, each worker opens its own context and stream on
+    the run's device, and the workers share the GPU."""
 
-    def __init__(self, workers: int, threads: int = 1):
+    def __init__(self, workers: int, threads: int = 1, fresh: bool = False):
         self.workers = workers
         self.threads = threads
+        self.fresh = fresh
         self.executor: ProcessPoolExecutor | None = None
         self.initargs: tuple[Any, ...] | None = None
 
@@ -381,7 +383,7 @@ class ProcessPool(ClientRunner):
             if self.initargs is None:
                 raise RuntimeError("ProcessPool.start(cfg, data) was not called before run")
             methods = mp.get_all_start_methods()
-            if self.threads == 1 and "fork" in methods:
+            if self.threads == 1 and not self.fresh and "fork" in methods:
                 method = "fork"  # instant; safe while the workers run torch single-threaded
             else:  # a fresh server process to fork from: safe with any thread count
                 method = "forkserver" if "forkserver" in methods else "spawn"
@@ -443,7 +445,8 @@ class ProcessPool(ClientRunner):
 
 def auto_workers(cfg: ExperimentConfig) -> int:
     """``engine.workers: auto``: one process per CPU core (at most one per client) on CPU,
-    in-process on an accelerator. See docs/benchmarks.md for the measurements behind it."""
+    in-process on an accelerator (several workers per GPU are asked for by number, until
+    measurements say how many pay). See docs/benchmarks.md for the measurements behind it."""
     if resolve_device(cfg.device) != "cpu":
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -456,9 +459,6 @@ def make_runner(cfg: ExperimentConfig) -> ClientRunner:
     workers = auto_workers(cfg) if e.workers == "auto" else e.workers
     if workers <= 1:
         return InProcess()
-    if resolve_device(cfg.device) != "cpu":
-        raise PflkitError(
-            f"engine.workers {workers} needs device: cpu (got {cfg.device!r}): one process "
-            "drives an accelerator; set engine.workers: 1"
-        )
-    return ProcessPool(workers, e.threads_per_worker)
+    # on an accelerator the workers share it, each with its own context (ProcessPool, fresh)
+    accelerator = resolve_device(cfg.device) != "cpu"
+    return ProcessPool(workers, e.threads_per_worker, fresh=accelerator)

@@ -114,7 +114,7 @@ class Simulation:
         self.server: State = self.algo.server_init(self.senv)
         self.clients: dict[int, State] = {}
         self.round = 0
-        self.runner.start(cfg, self.data)
+        self.runner.start(cfg, data)  # on the CPU: a worker moves it to its own device
 
     def close(self) -> None:
         """Stop the runner's workers (if any)."""
