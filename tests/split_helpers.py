@@ -135,3 +135,17 @@ def rs_ce(train_y, alpha, num_classes=10):
         return F.cross_entropy(mlp_logits(w, x) * a, y)
 
     return loss
+
+
+def trains_end_to_end(tiny, tmp_path, name: str):
+    """A 3-round run of algorithm ``name`` on the tiny config, also under MAP's protocol
+    (selected clients scored right after local training), well above chance (0.1)."""
+    from pflkit.engine import run_experiment
+
+    cfg = tiny(algorithm={"name": name}, eval={"selected_clients": True})
+    res = run_experiment(cfg, out=tmp_path / name)
+    final = res.summary["final"]
+    assert final["pers_acc_mean"] > 0.5 and final["global_acc"] > 0.5
+    assert res.rows[-1]["pers_acc_selected"] > 0.5
+    assert len(res.rows) == 3
+    return res

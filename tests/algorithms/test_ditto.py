@@ -15,7 +15,7 @@ from pflkit.algorithms.blocks.training import (
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.ditto import Ditto, smooth_l1_proximal_loss
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.engine import Simulation, run_experiment
+from pflkit.engine import Simulation
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
 from split_helpers import (
@@ -26,6 +26,7 @@ from split_helpers import (
     missing_classes,
     randn_like,
     rs_ce,
+    trains_end_to_end,
 )
 
 
@@ -172,14 +173,7 @@ def test_dittors_global_branch_uses_rs_and_personal_branch_plain_ce(tiny):
 # -- end to end ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["ditto", "dittors"])
 def test_trains_end_to_end(tiny, tmp_path, name):
-    # also MAP's protocol (selected clients, right after local training)
-    cfg = tiny(algorithm={"name": name}, eval={"selected_clients": True})
-    res = run_experiment(cfg, out=tmp_path / name)
-    final = res.summary["final"]
-    assert final["pers_acc_mean"] > 0.5  # 10 classes: chance is 0.1
-    assert final["global_acc"] > 0.5
-    assert res.rows[-1]["pers_acc_selected"] > 0.5
-    assert len(res.rows) == 3
+    trains_end_to_end(tiny, tmp_path, name)
 
 
 # -- bad input -----------------------------------------------------------------------------------

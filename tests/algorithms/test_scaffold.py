@@ -18,7 +18,7 @@ from pflkit.algorithms.scaffold import (
     scaffold_server_update,
     zero_control,
 )
-from pflkit.engine import Simulation, run_experiment
+from pflkit.engine import Simulation
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
 from split_helpers import (
@@ -28,6 +28,7 @@ from split_helpers import (
     missing_classes,
     randn_like,
     rs_ce,
+    trains_end_to_end,
 )
 
 
@@ -261,14 +262,7 @@ def test_server_control_is_mean_of_client_controls_only_with_paper_scale(tiny, c
 # -- end to end ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["scaffold", "scars"])
 def test_trains_end_to_end(tiny, tmp_path, name):
-    # also MAP's protocol (selected clients, right after local training)
-    cfg = tiny(algorithm={"name": name}, eval={"selected_clients": True})
-    res = run_experiment(cfg, out=tmp_path / name)
-    final = res.summary["final"]
-    assert final["pers_acc_mean"] > 0.5  # 10 classes: chance is 0.1
-    assert final["global_acc"] > 0.5
-    assert res.rows[-1]["pers_acc_selected"] > 0.5
-    assert len(res.rows) == 3
+    res = trains_end_to_end(tiny, tmp_path, name)
     if name == "scaffold":  # downloads x and c, uploads delta y, delta c and n_i
         fedavg_payload = nbytes({"weights": get_weights(Simulation(tiny()).senv.model())})
         assert all(r["bytes_down"] == [2 * fedavg_payload] * 4 for r in res.rows)
