@@ -249,3 +249,11 @@ def test_a_row_with_independent_seeds_is_its_own_line_of_the_summary(xc, tmp_pat
     path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "reference_seeds": "independent"}))
     lines = xc.summary([path]).splitlines()[2:]
     assert [x.split(" | ")[0] for x in lines] == ["| local", "| local (independent seeds)"]
+
+
+def test_a_reference_curve_may_start_late_but_not_stop_early_or_skip(xc):
+    assert xc.complete({r: 0.5 for r in range(1, 101)}, 100)
+    assert xc.complete({r: 0.5 for r in range(51, 101)}, 100)  # f-FedAP after pre-training
+    assert not xc.complete({r: 0.5 for r in range(1, 100)}, 100)  # stopped at round 99
+    assert not xc.complete({r: 0.5 for r in range(1, 101) if r != 60}, 100)  # a gap
+    assert not xc.complete({}, 100)
