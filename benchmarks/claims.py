@@ -15,7 +15,8 @@ reports for pFedSim), Delta = method - other per seed, paired by seed (same part
 sampling), and the verdict is ``paper_table.ranking_verdict``'s: "reproduced" (the paper's sign,
 |mean Delta| > its std over seeds), "same direction, within noise", "not reproduced" (opposite
 sign, within noise), "reversed" (opposite sign, beyond the std); "not run yet" where the arm's
-runs are missing; "–" with fewer than 2 paired seeds. A traffic claim compares bytes per client
+runs are missing; "too few seeds" with fewer than 3 paired seeds (the reproductions' rule: at
+least 3). A traffic claim compares bytes per client
 and round, which do not depend on the seed: "reproduced" when our ratio reaches the paper's.
 
 The cross-check column is read from results/crosscheck/results.jsonl (docs/crosscheck.md):
@@ -234,6 +235,9 @@ def rivals(c: Claim) -> list[str]:
     return [m for m in COLUMNS[c.column].paper if m != c.method and m not in c.besides]
 
 
+MIN_SEEDS = 3  # paired seeds a verdict needs
+
+
 def judge(results: Path, c: Claim, arm: Arm, root: Path = ROOT) -> Judged:
     col = COLUMNS[c.column]
     i = [k for k, _ in col.metrics].index(c.metric)
@@ -253,7 +257,7 @@ def judge(results: Path, c: Claim, arm: Arm, root: Path = ROOT) -> Judged:
     versus = "" if c.against is not None else f" (best other: {other})"
     spread = f" ± {np.std(d):.2f}" if len(d) > 1 else ""
     cell = f"{a:.2f} vs {b:.2f}{versus}; Δ {np.mean(d):+.2f}{spread} (n={len(d)}, {arm.stat})"
-    return Judged(cell, ranking_verdict(d, pd))
+    return Judged(cell, ranking_verdict(d, pd) if len(d) >= MIN_SEEDS else "too few seeds")
 
 
 def judge_traffic(results: Path, c: TrafficClaim) -> Judged:
@@ -321,7 +325,7 @@ Ours: means over seeds of each method's statistic, Δ = claimed method - other, 
 mean ± std. Verdict (the rule of `benchmarks/paper_table.py`, fixed before the runs):
 *reproduced* (the paper's sign, |Δ| above its std), *same direction, within noise*, *not
 reproduced* (opposite sign, within noise), *reversed* (opposite sign, beyond the std); *not run
-yet* where the arm's runs are not kept yet. "first" claims are judged against the best other
+yet* where the arm's runs are not kept yet; *too few seeds* below 3 paired seeds. "first" claims are judged against the best other
 method of the paper's column by our mean. Levels differ from the papers' (other datasets or data
 sizes, fewer rounds: each write-up says why); rankings are what is judged. Cross-check: the
 methods' verdicts in docs/crosscheck.md (pflkit against the reference code on identical data).

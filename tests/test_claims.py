@@ -146,3 +146,11 @@ def test_best_every_n_takes_only_the_rounds_that_are_multiples_of_n(tmp_path):
     assert claims._value(d, "best", "acc") == 0.9
     assert claims._value(d, "best_every:20", "acc") == 0.7
     assert claims._value(d, "best_every:15", "acc") == 0.8
+
+
+def test_fewer_than_three_paired_seeds_give_no_verdict(world):
+    results, root, fair, _ = world
+    run(results / "H", "a", [0.60, 0.61])
+    run(results / "H", "b", [0.50, 0.50])  # +10, +11: clear, but two seeds
+    j = claims.judge(results, claim("b", fair, None), claims.Arm("H"), root)
+    assert j.verdict == "too few seeds" and "(n=2, mean_last)" in j.cell
