@@ -109,15 +109,8 @@ def data_train_sizes():
 def overhead_markdown(settings: list[Setting], train_sizes=None) -> str:
     """The overhead table as markdown, with a line saying how each number was measured."""
     table = overhead_table(settings, train_sizes or data_train_sizes())
-    lines = [
-        f"## {table.title}",
-        "",
-        "| " + " | ".join(table.columns) + " |",
-        "|" + "---|" * len(table.columns),
-        *("| " + " | ".join(r) + " |" for r in table.rows),
-        "",
-        "Mean ± std over seeds, wall-clock from the runs' metrics; client training excludes the "
-        "server's aggregation (* runs that did not record it: aggregation included); xi_p: "
-        "client training seconds per training sample of the round's clients.",
-    ]
-    return "\n".join(lines) + "\n"
+    return (
+        table.markdown() + "\nMean ± std over seeds, wall-clock from the runs' metrics; client "
+        "training excludes the server's aggregation (* runs that did not record it: aggregation "
+        "included); xi_p: client training seconds per training sample of the round's clients.\n"
+    )

@@ -354,6 +354,12 @@ class Table:
     columns: list[str]
     rows: list[list[str]]
 
+    def markdown(self) -> str:
+        lines = [f"## {self.title}", "", "| " + " | ".join(self.columns) + " |"]
+        lines.append("|" + "---|" * len(self.columns))
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        return "\n".join(lines) + "\n"
+
 
 @dataclass
 class Report:
@@ -365,13 +371,7 @@ class Report:
     settings: list[Setting]
 
     def markdown(self) -> str:
-        parts = [self.head]
-        for t in self.tables:
-            lines = [f"## {t.title}", "", "| " + " | ".join(t.columns) + " |"]
-            lines.append("|" + "---|" * len(t.columns))
-            lines += ["| " + " | ".join(r) + " |" for r in t.rows]
-            parts.append("\n".join(lines) + "\n")
-        return "\n".join(parts)
+        return "\n".join([self.head, *(t.markdown() for t in self.tables)])
 
     def latex(self) -> str:
         def esc(text: str) -> str:
