@@ -143,3 +143,18 @@ def test_an_interrupted_cuda_run_resumes_on_the_device(tmp_path, monkeypatch):
     monkeypatch.setattr(Simulation, "run_round", real)
     resumed = run_experiment(resume=tmp_path / "cut")
     assert resumed.rows[-1]["pers_acc_mean"] == pytest.approx(full.rows[-1]["pers_acc_mean"])
+
+
+@cuda
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_sharing_the_gpu_give_the_in_process_numbers(tmp_path, workers):
+    """On a GPU (issue 38): ``engine.workers: N`` starts N fresh processes that share the
+    device; every metric of every round equals the in-process cuda run's."""
+    from pflkit.engine import run_experiment
+
+    def rows(n):
+        raw = tiny_config(device="cuda", engine={"workers": n}, train={"rounds": 2})
+        res = run_experiment(validate(raw), out=tmp_path / f"w{n}")
+        return [{k: v for k, v in r.items() if not k.startswith("seconds_")} for r in res.rows]
+
+    assert rows(workers) == rows(1)

@@ -234,10 +234,10 @@ CASES: dict[str, Case] = {
             "flbench",
             "fedap",
             ("+fedap.version=f",),
-            {"name": "fedap", "warmup_ratio": 0.5, "momentum": 0.5},
-            "f-FedAP (--version f), warm-up 0.5, model momentum 0.5 (src/server/fedap.py). Known "
-            "differences: FL-bench's warm-up trains 1 epoch and it takes BN statistics per batch "
-            "from every client after the warm-up.",
+            {"name": "fedap", "warmup_ratio": 0.5, "momentum": 0.5, "warmup_epochs": 1},
+            "f-FedAP (--version f), warm-up 0.5, model momentum 0.5; its warm-up rounds train 1 "
+            "local epoch (src/server/fedap.py, package): warmup_epochs 1. Known difference: "
+            "FL-bench takes BN statistics per batch from every client after the warm-up.",
         ),
         Case(
             "fedgen",

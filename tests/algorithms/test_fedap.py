@@ -128,3 +128,22 @@ def test_fedap_personalized_aggregation_by_hand(bn_model):
     scored = algo.personal_weights(envs[1], view, {"bn": OWN_BN}, RoundContext(1))
     assert close(scored, {**server["personal"][1], **OWN_BN})
     assert algo.global_weights(senv, server, 1) is None
+
+
+def test_fedap_warmup_epochs_is_the_code_option_for_warmup_rounds_only(bn_model):
+    """``warmup_epochs: 1`` (FL-bench) trains one epoch in a warm-up round and
+    ``train.local_epochs`` (here 2) afterwards; unset, warm-up rounds train 2 as well."""
+    shared, start = hand_weights(3), {**hand_weights(3), **OWN_BN}
+    one = bn_sgd_step(start, X, Y)
+    two = bn_sgd_step(one, X, Y)
+    payload = {"weights": shared}
+
+    def trained(algo_cfg, rnd):  # 3 rounds: T_g = 1
+        algo, _, envs = federation(algo_cfg, [(X, Y)] * 2, 2, model="bn_mlp", local_epochs=2)
+        out = algo.client_update(envs[0], payload, {"bn": OWN_BN}, RoundContext(rnd))
+        return {**out.upload["weights"], **out.state["bn"]}
+
+    code = {"name": "fedap", "warmup_epochs": 1}
+    assert close(trained(code, 1), {k: one[k] for k in [*REST, *BN_ALL]})
+    assert close(trained(code, 2), {k: two[k] for k in [*REST, *BN_ALL]})
+    assert close(trained({"name": "fedap"}, 1), {k: two[k] for k in [*REST, *BN_ALL]})

@@ -20,7 +20,9 @@ statistics. Private: each client's BatchNorm layers (client state ``bn``), never
 4. **Personalized aggregation**: client i receives sum_j W_ij theta_j over its non-BN
    parameters, theta_j being client j's last uploaded model; it trains E epochs and uploads.
 
-Defaults: rho = 0.5 and model momentum mu = 0.5 (pFedSim App. A.5).
+Defaults: rho = 0.5 and model momentum mu = 0.5 (pFedSim App. A.5). Warm-up rounds train
+``train.local_epochs`` epochs, as every other round; ``warmup_epochs: 1`` is FL-bench's code
+(``src/server/fedap.py``, ``package``: ``local_epoch = 1`` while it pre-trains).
 
 Deviations (partial participation; FedAP has every client take part):
 - Statistics are computed when a client is first selected after the warm-up, with the model
@@ -121,6 +123,9 @@ class FedAP(FedBN):
     class Params(FedBN.Params):
         warmup_ratio: float = param(0.5, "pFedSim App. A.5 (generalization ratio)", ge=0, le=1)
         momentum: float = param(0.5, "pFedSim App. A.5 (model momentum mu)", ge=0, le=1)
+        warmup_epochs: int | None = param(
+            None, "local epochs of a warm-up round (None: train.local_epochs; FL-bench: 1)", ge=1
+        )
 
     def t_g(self, env) -> int:
         return warmup_rounds(env.run.rounds, self.params.warmup_ratio)
@@ -155,7 +160,9 @@ class FedAP(FedBN):
             stats_model = env.model("fedap_stats")
             stats_model.load_state_dict(start)
             extra["stats"] = feature_stats(stats_model, env.data.train_x)
-        weights, loss = train_from(env, start, ctx)
+        warm = ctx.round <= self.t_g(env) and self.params.warmup_epochs is not None
+        epochs = {"epochs": self.params.warmup_epochs} if warm else {}
+        weights, loss = train_from(env, start, ctx, **epochs)
         keys = bn_keys(model)
         upload = {"weights": without(weights, keys), "num_samples": env.num_train, **extra}
         return Update(upload, {**state, "bn": only(weights, keys)}, {"train_loss": loss})
