@@ -8,8 +8,8 @@ round, evaluation of every client and of the global model every round.
 Three contenders per round, interleaved (in-process, process pool, tight loop, in-process, ...)
 so that machine noise hits all alike; the ratios are of the medians:
 
-- **in-process**: :class:`~pflkit.engine.clients.InProcess`, one process with torch's default
-  thread count (``--threads`` to change it);
+- **in-process**: :class:`~pflkit.engine.clients.InProcess`, one process with ``--threads``
+  torch threads (default 1, pflkit's ``threads`` default);
 - **process pool**: :class:`~pflkit.engine.clients.ProcessPool`, ``--workers`` processes with
   ``--threads-per-worker`` torch threads each (``--workers 2,4,8``: one pool contender per
   count; on ``--device cuda`` the workers share the GPU, each with its own CUDA context);
@@ -166,7 +166,9 @@ def main() -> None:
         "--workers", default="2", help="process-pool workers, or a list: one pool per count"
     )
     ap.add_argument("--threads-per-worker", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads in this process")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads in this process (pflkit's default 1)"
+    )
     ap.add_argument("--subset", type=int, default=None, help="use a subset of Fashion-MNIST")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (pools share the GPU)")
     ap.add_argument("--eval-batch", type=int, default=None, help="eval.batch_size (default 1000)")
@@ -177,9 +179,7 @@ def main() -> None:
         ap.error(f"--workers {args.workers!r}: give worker counts, e.g. 2 or 2,4,8")
     if min(counts) < 2:
         ap.error(f"--workers {args.workers}: a process pool has at least 2 workers")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    raw = dict(CONFIG, device=args.device)
+    raw = dict(CONFIG, device=args.device, threads=args.threads)
     if args.eval_batch:
         raw["eval"] = {**raw["eval"], "batch_size": args.eval_batch}
     if args.subset:

@@ -2,9 +2,11 @@
 
 Runs every registered algorithm for a few rounds on a tiny config (scikit-learn digits, 4
 clients, 3 per round, an MLP, a public set for the distilling algorithms, one torch thread),
-once with each evaluation protocol (``eval.selected_clients`` off and on: MAP's), in this
-process, and keeps a sha256 of every metrics row (all fields but the ``seconds_*`` timings,
-floats written exactly) plus the last row's personalized accuracy to read.
+once with each evaluation protocol (``eval.selected_clients`` off and on: MAP's), with the
+default client runner (``engine.workers: auto``: a worker process per core, one torch thread
+each; golden.json was recorded in-process and the pool reproduces it), and keeps a sha256 of
+every metrics row (all fields but the ``seconds_*`` timings, floats written exactly) plus the
+last row's personalized accuracy to read.
 
     python benchmarks/golden.py record benchmarks/golden.json   # before a change
     python benchmarks/golden.py check benchmarks/golden.json    # after: exit 1 on any change

@@ -44,6 +44,9 @@ def tiny_config(**sections) -> dict:
         "algorithm": {"name": "fedavg"},
         "train": {"rounds": 3, "batch_size": 16, "lr": 0.05, "local_epochs": 1},
         "output": {"progress": False},
+        # in this process: a pool per test costs more than such a run (the default, auto, is
+        # tested in tests/test_engine.py)
+        "engine": {"workers": 1},
     }
     for key, value in sections.items():
         cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and key in cfg else value

@@ -392,3 +392,21 @@ def test_fresh_worker_processes_give_the_in_process_numbers(tiny, tmp_path):
     here = run_experiment(cfg, out=tmp_path / "here")
     pool = run_experiment(cfg, out=tmp_path / "pool", runner=ProcessPool(2, 1, fresh=True))
     assert strip_timing(pool.rows) == strip_timing(here.rows)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedrep", "pfedhn"])
+def test_every_runner_and_worker_count_gives_the_same_numbers(tmp_path, algorithm):
+    """Issue 38: by default (``engine.workers: auto``, one torch thread in this process and in
+    each worker) a seed gives the same metrics bit for bit in this process and with 2 or 3
+    worker processes, for a FedAvg-like, a stateful personalized and a server-trained method."""
+    from conftest import tiny_config
+    from pflkit.experiment import validate
+
+    raw = tiny_config(algorithm={"name": algorithm}, train={"rounds": 3, "client_fraction": 0.75})
+    del raw["engine"], raw["threads"]  # the defaults
+    default = validate(raw)
+    assert default.threads == 1 and default.engine.workers == "auto"
+    base = strip_timing(run_experiment(default, out=tmp_path / "default").rows)
+    for n in (1, 2, 3):
+        cfg = validate({**raw, "engine": {"workers": n}})
+        assert strip_timing(run_experiment(cfg, out=tmp_path / f"w{n}").rows) == base, n

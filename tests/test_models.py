@@ -147,6 +147,26 @@ def test_deterministic_under_manual_seed(name):
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
+@pytest.mark.parametrize("name", sorted(FIRST_CASE))
+def test_logits_do_not_depend_on_the_evaluation_batch_size(name):
+    """``eval.batch_size`` is a speed setting: with one torch thread, ``predict`` gives every
+    model's logits bit for bit at batch sizes 64 and 100 as in one batch of 130."""
+    from pflkit.algorithms.blocks.training import predict
+
+    _, shape, classes, options, *_ = FIRST_CASE[name]
+    model = _build(name, shape, classes, options)
+    x = torch.randn(130, *shape)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            whole = predict(model, x, 130)
+            for size in (64, 100):
+                assert torch.equal(predict(model, x, size), whole), size
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("name", MAP_MODELS)
 def test_map_models_use_map_init(name):
     _, shape, classes, options, *_ = FIRST_CASE[name]

@@ -217,7 +217,9 @@ class EvalConfig(_Section):
     every: int = Field(1, gt=0, le=MAX_ROUNDS)
     # also evaluate every round of the last N rounds; summaries then report the mean over them
     last: int = Field(0, ge=0, le=MAX_ROUNDS)
-    batch_size: int = Field(1000, gt=0, le=MAX_BATCH)
+    # a speed setting: logits are the same at any batch from 64 up (predict); 250 was the
+    # fastest on one CPU thread for cnn4 (docs/benchmarks.md)
+    batch_size: int = Field(250, gt=0, le=MAX_BATCH)
     global_model: bool = True  # score the server model on the global test set
     # MAP's personalization protocol: also score the round's selected clients with their model
     # right after local training (metric pers_acc_selected, unweighted mean)
@@ -231,13 +233,15 @@ class EvalConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """Where client work runs (:mod:`pflkit.engine.clients`). ``workers``: 1 (default) runs
-    clients in this process; N > 1 runs them in N worker processes (on an accelerator they
-    share it, each with its own context); ``auto`` uses one worker per CPU core on CPU (1.4x
-    faster rounds on 2 cores, docs/benchmarks.md) and this process on an accelerator. Every runner gives the same numbers at the same torch thread count per
-    process; in-process is the default because it reproduces earlier runs bit for bit."""
+    """Where client work runs (:mod:`pflkit.engine.clients`). ``workers``: ``auto`` (default)
+    uses one worker process per CPU core on CPU (1.4x faster rounds on 2 cores,
+    docs/benchmarks.md) and this process on an accelerator; 1 runs clients in this process;
+    N > 1 runs them in N worker processes (on an accelerator they share it, each with its own
+    context). With one torch thread in this process (``threads``) and in each worker
+    (``threads_per_worker``), the defaults, every runner and every worker count gives the same
+    numbers bit for bit."""
 
-    workers: int | Literal["auto"] = 1
+    workers: int | Literal["auto"] = "auto"
     threads_per_worker: int = Field(1, gt=0, le=MAX_THREADS)  # torch threads in each worker process
 
     @field_validator("workers")
@@ -296,7 +300,9 @@ class ExperimentConfig(_Section):
     plugins: list[str] = []
     seed: int = Field(0, ge=0, le=MAX_SEED)
     device: str = "auto"  # auto | cpu | cuda | cuda:N (resolve_device)
-    threads: int | None = Field(None, gt=0, le=MAX_THREADS)  # torch threads; None: torch's choice
+    # torch threads in this process; 1 (default) gives the same numbers on every machine and
+    # runner; None: torch's choice (one per core), whose last bits depend on the core count
+    threads: int | None = Field(1, gt=0, le=MAX_THREADS)
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     algorithm: dict[str, Any] = {"name": "fedavg"}

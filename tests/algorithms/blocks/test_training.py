@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pflkit.algorithms.blocks.training import get_weights
+from pflkit.algorithms.blocks.training import get_weights, predict
 from pflkit.engine import Simulation
 
 
@@ -45,3 +45,23 @@ def test_parameter_groups_are_named_by_the_model(tiny):
                                                             weights["head.bias"].shape]  # fmt: skip
     with pytest.raises(ValueError, match="unknown parameter group 'neck'"):
         model.group_keys("neck")
+
+
+def test_predict_runs_full_batches_and_keeps_each_row_once():
+    """10 samples in batches of 4: windows [0, 4), [4, 8) and the last 4 samples [6, 10), of
+    which rows 8 and 9 are kept; a split no larger than a batch is one call."""
+    seen = []
+
+    class Record(torch.nn.Module):
+        def forward(self, x):
+            seen.append(x[:, 0].tolist())
+            return x * 2
+
+    x = torch.arange(10.0).unsqueeze(1)
+    assert torch.equal(predict(Record(), x, 4), x * 2)
+    assert seen == [[0, 1, 2, 3], [4, 5, 6, 7], [6, 7, 8, 9]]
+    seen.clear()
+    assert torch.equal(predict(Record(), x, 12), x * 2) and seen == [list(range(10))]
+    seen.clear()
+    assert torch.equal(predict(Record(), x[:8], 4), x[:8] * 2)  # no remainder: no overlap
+    assert seen == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -248,10 +248,22 @@ def steps_per_epoch(n: int, batch_size: int, drop_last: bool = False) -> int:
 
 
 @torch.inference_mode()
-def predict(model: nn.Module, x: Tensor, batch_size: int = 1000) -> Tensor:
-    """Logits of ``model`` on ``x`` in eval mode, in large batches."""
+def predict(model: nn.Module, x: Tensor, batch_size: int = 250) -> Tensor:
+    """Logits of ``model`` on ``x`` in eval mode, in batches of exactly ``min(len(x),
+    batch_size)`` samples: the last batch is the last ``batch_size`` samples (overlapping the
+    one before), of which it keeps the new rows. No sample is computed in a small remainder
+    batch, whose kernels can round differently; every model in the zoo then gives the same
+    logits bit for bit at any batch size from 64 up (tests/test_models.py), so
+    ``eval.batch_size`` is a speed setting only."""
     model.eval()
-    return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+    n = len(x)
+    if n <= batch_size:
+        return model(x)
+    starts = [*range(0, n - batch_size, batch_size), n - batch_size]
+    out = [model(x[i : i + batch_size]) for i in starts]
+    covered = (len(starts) - 1) * batch_size  # rows before the last window's new ones
+    out[-1] = out[-1][covered - starts[-1] :]
+    return torch.cat(out)
 
 
 def accuracy_and_loss(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
