@@ -445,3 +445,34 @@ def test_the_table_gives_each_contender_and_the_ratios(vs):
     assert "| pflkit contender | PFLlib / pflkit (goal >= 2.0x) |" in text
     assert "| pflkit (default engine) | 3.00x |" in text
     assert "- FL-bench skipped: no --flbench given" in text
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux /proc")
+def test_wait_stopped_returns_once_every_thread_of_the_group_is_stopped(vs, tmp_path):
+    import signal
+    import subprocess
+
+    # a process with a second, spinning thread, and a child of it: all in one new group
+    code = (
+        "import subprocess, sys, threading\n"
+        "threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\n"
+        "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+        "[0 for _ in iter(int, 1)]\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], preexec_fn=vs._child_setup)
+    try:
+        deadline = time.monotonic() + 10
+        while len(vs.group_threads(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(vs.group_threads(proc.pid)) >= 3  # two threads, one child
+        with pytest.raises(vs.JobFailed, match="did not stop"):
+            vs.wait_stopped(proc.pid, timeout=0.2)  # running: it waits, then says so
+        os.kill(proc.pid, signal.SIGSTOP)  # the leader only: its child still runs
+        with pytest.raises(vs.JobFailed, match="did not stop"):
+            vs.wait_stopped(proc.pid, timeout=0.3)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        vs.wait_stopped(proc.pid, timeout=10)
+        assert {s for _, s in vs.group_threads(proc.pid)} == {"T"}
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
