@@ -593,7 +593,7 @@ def pflkit_threads(c: Contender) -> str:
     if w == 1:
         return f"{main} torch threads (torch's default), in-process (engine.workers 1)"
     per = resolved["engine"]["threads_per_worker"]
-    return f"{w} worker processes x {per} torch thread + the server process ({main})"
+    return f"{w} worker processes x {per} torch thread(s), server process {main} threads"
 
 
 def accuracy(c: Contender, rounds: int) -> float | None:
@@ -631,7 +631,7 @@ def table(results: dict[str, Any], device: str) -> str:
                 f"{per} | {share} | {acc} |"
             )
         if res["ratios"]:
-            refs = sorted({r["reference"] for r in res["ratios"]})
+            refs = [lib for lib in LIBRARIES if any(r["reference"] == lib for r in res["ratios"])]
             goals = GOALS.get(device, {})
             head = [
                 f"{LIBRARIES[r]} / pflkit" + (f" (goal >= {goals[r]}x)" if r in goals else "")
