@@ -45,15 +45,19 @@ line of the round to the round's end (its test of every client, and the aggregat
 
 **Threads.** The references run with one torch thread each (``OMP_NUM_THREADS=1``, as the
 cross-check runs them); pflkit's default contender with torch's default (one per core; the
-number is read from the run's provenance.json), ``--pflkit-workers 2`` adds a contender with
-``engine.workers: 2`` (two worker processes with one thread each).
+number is read from the run's provenance.json); ``--pflkit-workers 2`` adds a contender with
+``engine.workers: 2`` (two worker processes with one thread each), ``--pflkit-threads 1`` one
+in-process with ``threads: 1`` (the references' thread count). On a machine whose cores other
+jobs also use, torch's two threads can be much slower than one (each batch-10 step waits for
+both threads), so a run there should include ``--pflkit-threads 1``.
 
 **Goal** (issue 38): pflkit's default round at least 2x faster than PFLlib's and 1.7x faster
 than FL-bench's on 2 CPU cores; on a GPU at least 5x faster than PFLlib's.
 
     python benchmarks/vs_libraries.py --pfllib ~/refs/PFLlib --flbench ~/refs/FL-bench \\
         --python ~/refenv/bin/python --rounds 3 --out runs/vs
-    python benchmarks/vs_libraries.py ... --algorithms fedavg,gpfl,pfedsim --pflkit-workers 2
+    python benchmarks/vs_libraries.py ... --algorithms fedavg,gpfl,pfedsim --pflkit-workers 2 \
+        --pflkit-threads 1
 
 Writes ``--out``/vs_libraries.json (every turn, round and number) and prints a markdown table;
 the runs' logs and folders stay in ``--out``.
@@ -510,7 +514,6 @@ class Contender:
     threads: str
     job: Job
     run_dir: Path | None = None
-    workers: int | None = None
 
 
 def reference_env() -> dict[str, str]:
@@ -523,6 +526,7 @@ def build(
     """The contenders of ``alg`` (references first, then pflkit's) and the notes on skipped
     libraries."""
     cases, notes, out = ALGORITHMS[alg], [], []
+    work.mkdir(parents=True, exist_ok=True)
     refs = {"pfllib": args.pfllib, "flbench": args.flbench}
     rounds = cfg["train"]["rounds"]
     for lib, nice in LIBRARIES.items():
@@ -563,9 +567,16 @@ def build(
     base = xc.pflkit_config(case, yaml.safe_load(cfg_path.read_text()), 1)
     base["name"] = f"vs-{alg}"
     base.pop("compare")
-    for workers in [None, *args.pflkit_workers]:
-        key = "pflkit" if workers is None else f"pflkit-w{workers}"
-        raw = base if workers is None else {**base, "engine": {"workers": workers}}
+    variants: list[tuple[str, str, dict]] = [("pflkit", "pflkit (default engine)", {})]
+    variants += [
+        (f"pflkit-w{w}", f"pflkit workers={w}", {"engine": {"workers": w}})
+        for w in args.pflkit_workers
+    ]
+    variants += [
+        (f"pflkit-t{t}", f"pflkit threads={t}", {"threads": t}) for t in args.pflkit_threads
+    ]
+    for key, label, extra in variants:
+        raw = {**base, **extra}
         path = work / f"{key}.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         run_dir = work / key
@@ -575,11 +586,10 @@ def build(
         job = Job(key, "pflkit", cmd, Path.cwd(), env, log, run_dir / "metrics.jsonl", rounds)
         job.ready = run_dir / "provenance.json"
         opts = ", ".join(f"{k}={v}" for k, v in case.pflkit.items() if k != "name")
-        label = "pflkit (default engine)" if workers is None else f"pflkit workers={workers}"
         out.append(
             Contender(key, "pflkit", label, f"pflkit {case.pflkit['name']} {opts}".strip(), "", job)
         )
-        out[-1].run_dir, out[-1].workers = run_dir, workers
+        out[-1].run_dir = run_dir
     return out, notes
 
 
@@ -591,7 +601,8 @@ def pflkit_threads(c: Contender) -> str:
     resolved = yaml.safe_load((c.run_dir / "config.yaml").read_text())
     w = resolved["engine"]["workers"]
     if w == 1:
-        return f"{main} torch threads (torch's default), in-process (engine.workers 1)"
+        how = "torch's default" if resolved.get("threads") is None else "config threads"
+        return f"{main} torch thread(s) ({how}), in-process (engine.workers 1)"
     per = resolved["engine"]["threads_per_worker"]
     return f"{w} worker processes x {per} torch thread(s), server process {main} threads"
 
@@ -675,6 +686,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--pflkit-workers", default="", help="more pflkit contenders: engine.workers, e.g. 2"
     )
     ap.add_argument(
+        "--pflkit-threads",
+        default="",
+        help="more pflkit contenders: in-process with this many torch threads, e.g. 1",
+    )
+    ap.add_argument(
         "--turn-timeout", type=float, default=3600.0, help="seconds a turn may take (3600)"
     )
     args = ap.parse_args(argv)
@@ -696,6 +712,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if any(w < 1 for w in workers):
         raise Usage(f"--pflkit-workers {args.pflkit_workers!r}: give worker counts, e.g. 1,2")
     args.pflkit_workers = list(dict.fromkeys(workers))
+    try:
+        threads = [int(t) for t in args.pflkit_threads.split(",") if t]
+    except ValueError:
+        threads = [0]
+    if any(t < 1 for t in threads):
+        raise Usage(f"--pflkit-threads {args.pflkit_threads!r}: give thread counts, e.g. 1")
+    args.pflkit_threads = list(dict.fromkeys(threads))
     if args.device not in ("cpu", "cuda"):
         raise Usage(f"--device {args.device!r}: choose cpu or cuda")
     if args.turn_timeout <= 0:
@@ -713,12 +736,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 f"--{lib} {path} is not a {LIBRARIES[lib]} checkout (no {'/'.join(marker)}): "
                 f"give the folder of a {LIBRARIES[lib]} clone"
             )
+    for alg in args.algorithms:
+        libs = sorted(lib for lib in ALGORITHMS[alg] if lib in LIBRARIES)
+        if all(getattr(args, lib) is None for lib in libs):
+            raise Usage(
+                f"no reference library to compare {alg} with: give "
+                f"{' and/or '.join('--' + lib for lib in libs)} (a checkout)"
+            )
     running = sorted(lib for lib in needed if getattr(args, lib) is not None)
-    if not running:
-        raise Usage(
-            f"no reference library to compare with: give "
-            f"{' and/or '.join('--' + lib for lib in sorted(needed))} (a checkout)"
-        )
     if args.device == "cuda":
         import torch
 
@@ -819,7 +844,6 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def run_algorithm(alg: str, args: argparse.Namespace, cfg_path: Path, cfg: dict) -> dict:
     work = args.out / alg
-    work.mkdir(parents=True, exist_ok=True)
     contenders, notes = build(alg, args, cfg_path, cfg, work)
     for n in notes:
         print(f"{alg}: {n}", flush=True)

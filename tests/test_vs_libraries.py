@@ -212,9 +212,9 @@ def test_the_anchor_file_is_bench_fedavgs_config(vs):
 
 
 def _checkouts(tmp_path: Path) -> list[str]:
-    (tmp_path / "P" / "system").mkdir(parents=True)
+    (tmp_path / "P" / "system").mkdir(parents=True, exist_ok=True)
     (tmp_path / "P" / "system" / "main.py").write_text("")
-    (tmp_path / "F" / "src" / "server").mkdir(parents=True)
+    (tmp_path / "F" / "src" / "server").mkdir(parents=True, exist_ok=True)
     (tmp_path / "F" / "src" / "server" / "fedavg.py").write_text("")
     return ["--pfllib", str(tmp_path / "P"), "--flbench", str(tmp_path / "F")]
 
@@ -228,6 +228,7 @@ def _checkouts(tmp_path: Path) -> list[str]:
         (["--subset", "-5"], "--subset -5: give a positive number"),
         (["--pflkit-workers", "2,x"], "--pflkit-workers '2,x': give worker counts"),
         (["--pflkit-workers", "0"], "--pflkit-workers '0'"),
+        (["--pflkit-threads", "one"], "--pflkit-threads 'one': give thread counts"),
         (["--device", "tpu"], "--device 'tpu': choose cpu or cuda"),
         (["--pfllib", "/nonexistent/PFLlib"], "--pfllib /nonexistent/PFLlib is not a PFLlib"),
         (["--flbench", "/nonexistent/FLB"], "--flbench /nonexistent/FLB is not a FL-bench"),
@@ -247,7 +248,14 @@ def test_bad_input_exits_2_with_one_sentence_and_writes_nothing(vs, tmp_path, ca
 def test_no_reference_library_or_a_used_out_folder_exits_2(vs, tmp_path, capsys):
     out = tmp_path / "out"
     assert vs.main(["--out", str(out)]) == 2
-    assert "no reference library to compare with: give --flbench and/or --pfllib" in (
+    assert "no reference library to compare fedavg with: give --flbench and/or --pfllib" in (
+        capsys.readouterr().err
+    )
+    assert not out.exists()
+    # pFedSim runs in FL-bench only: a PFLlib checkout alone is refused before anything runs
+    argv = [*_checkouts(tmp_path)[:2], "--algorithms", "fedavg,pfedsim", "--out", str(out)]
+    assert vs.main(argv) == 2
+    assert "no reference library to compare pfedsim with: give --flbench" in (
         capsys.readouterr().err
     )
     assert not out.exists()
@@ -476,3 +484,39 @@ def test_wait_stopped_returns_once_every_thread_of_the_group_is_stopped(vs, tmp_
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_the_contenders_of_an_algorithm_and_the_skipped_libraries(vs, tmp_path, monkeypatch):
+    import argparse
+
+    monkeypatch.setattr(vs.xc, "prepare_pfllib", lambda *a: "FMNIST-k")
+    monkeypatch.setattr(vs.xc, "commit", lambda path: "abc1234")
+    args = argparse.Namespace(
+        pfllib=tmp_path / "P", flbench=None, python="refpy", device="cpu", out=tmp_path,
+        pflkit_workers=[2], pflkit_threads=[1],
+    )  # fmt: skip
+    raw = yaml.safe_load(vs.ANCHOR.read_text())
+    raw["train"]["rounds"] = 4
+    cfg_path = tmp_path / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    from pflkit.experiment import validate
+
+    cfg = validate(raw).dump()
+    contenders, notes = vs.build("gpfl", args, cfg_path, cfg, tmp_path / "gpfl")
+    assert notes == ["FL-bench has no gpfl: skipped"]
+    assert [c.key for c in contenders] == ["pfllib", "pflkit", "pflkit-w2", "pflkit-t1"]
+    ref = contenders[0].job
+    assert ref.cmd[:3] == ["refpy", "-u", "main.py"] and ref.env["OMP_NUM_THREADS"] == "1"
+    opts = dict(zip(ref.cmd[3::2], ref.cmd[4::2], strict=False))
+    assert (opts["-algo"], opts["-gr"], opts["-t"], opts["-dev"]) == ("GPFL", "4", "1", "cpu")
+    assert opts["-lam"] == "0.01" and contenders[0].implementation.endswith("(abc1234)")
+    written = {c.key: yaml.safe_load(Path(c.job.cmd[4]).read_text()) for c in contenders[1:]}
+    for got in written.values():
+        assert got["algorithm"] == vs.CASES["gpfl"].pflkit and got["train"]["rounds"] == 4
+        assert "compare" not in got
+    assert "engine" not in written["pflkit"] and "threads" not in written["pflkit"]
+    assert written["pflkit-w2"]["engine"] == {"workers": 2}
+    assert written["pflkit-t1"]["threads"] == 1
+    # no library has the algorithm on this side: a sentence, not a traceback
+    with pytest.raises(vs.Usage, match="no reference library runs pfedsim: give --flbench"):
+        vs.build("pfedsim", args, cfg_path, cfg, tmp_path / "pfedsim")
