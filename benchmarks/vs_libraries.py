@@ -730,11 +730,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         path = getattr(args, lib)
         if path is None:
             continue
-        marker = ("system", "main.py") if lib == "pfllib" else ("src", "server", "fedavg.py")
-        if not path.joinpath(*marker).is_file():
+        # what crosscheck.prepare_pfllib / prepare_flbench copy and run
+        markers = ["system/main.py"] if lib == "pfllib" else ["main.py", "src/server/fedavg.py"]
+        if missing := [m for m in markers if not (path / m).is_file()]:
+            an = "an" if lib == "flbench" else "a"
             raise Usage(
-                f"--{lib} {path} is not a {LIBRARIES[lib]} checkout (no {'/'.join(marker)}): "
-                f"give the folder of a {LIBRARIES[lib]} clone"
+                f"--{lib} {path} is not {an} {LIBRARIES[lib]} checkout (no {missing[0]}): "
+                f"give the folder of {an} {LIBRARIES[lib]} clone"
             )
     for alg in args.algorithms:
         libs = sorted(lib for lib in ALGORITHMS[alg] if lib in LIBRARIES)

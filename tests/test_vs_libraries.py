@@ -216,6 +216,7 @@ def _checkouts(tmp_path: Path) -> list[str]:
     (tmp_path / "P" / "system" / "main.py").write_text("")
     (tmp_path / "F" / "src" / "server").mkdir(parents=True, exist_ok=True)
     (tmp_path / "F" / "src" / "server" / "fedavg.py").write_text("")
+    (tmp_path / "F" / "main.py").write_text("")
     return ["--pfllib", str(tmp_path / "P"), "--flbench", str(tmp_path / "F")]
 
 
@@ -231,7 +232,8 @@ def _checkouts(tmp_path: Path) -> list[str]:
         (["--pflkit-threads", "one"], "--pflkit-threads 'one': give thread counts"),
         (["--device", "tpu"], "--device 'tpu': choose cpu or cuda"),
         (["--pfllib", "/nonexistent/PFLlib"], "--pfllib /nonexistent/PFLlib is not a PFLlib"),
-        (["--flbench", "/nonexistent/FLB"], "--flbench /nonexistent/FLB is not a FL-bench"),
+        (["--flbench", "/nonexistent/FLB"], "--flbench /nonexistent/FLB is not an FL-bench"),
+        (["--flbench", "/"], "--flbench / is not an FL-bench checkout (no main.py)"),
         (["--python", "/nonexistent/python"], "--python /nonexistent/python cannot import"),
     ],
 )
