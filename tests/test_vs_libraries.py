@@ -298,14 +298,14 @@ if mode == "pfllib":
         print("Averaged Test Accuracy: 0.5000\nStd Test AUC: 0.1000", flush=True)
         if i == fail_at:
             sys.exit(3)
-        busy(3000)
+        busy(5000)
         print("-" * 25, "time cost", "-" * 25, time.time() - s, flush=True)
 else:  # pflkit: provenance.json, then one metrics.jsonl line per round
     open(os.path.join(folder, "provenance.json"), "w").write("{}")
     with open(os.path.join(folder, "metrics.jsonl"), "a") as f:
         for r in range(1, rounds + 1):
             t0 = time.perf_counter()
-            busy(4000)
+            busy(6000)
             row = {"round": r, "seconds_train": time.perf_counter() - t0, "seconds_eval": 0.0}
             f.write(json.dumps(row) + "\n")
             f.flush()
@@ -392,8 +392,8 @@ def test_one_job_computes_at_a_time_and_no_child_is_left(vs, tmp_path):
         # a round's own time is its turn, whether or not its logged time spans the pause (the
         # PFLlib dummy's clock starts before it is stopped, as PFLlib's does; the pflkit
         # dummy's after); a turn runs on for at most a poll interval or two after its line
-        assert all(r["pause_before"] > 0.05 for r in rows), rows
-        assert all(abs(r["seconds"] - r["wall"]) < 0.06 for r in rows), rows
+        assert all(r["pause_before"] > 0.15 for r in rows), rows  # two other jobs' turns
+        assert all(abs(r["seconds"] - r["wall"]) < 0.1 for r in rows), rows
         if job.kind == "pfllib":
             assert all(r["logged"] > r["wall"] + r["pause_before"] / 2 for r in rows), rows
 
