@@ -65,8 +65,9 @@ class Usage(Exception):
 # ---------------------------------------------------------------- reference: PFLlib
 
 
-def pfllib_command(case: Case, cfg: dict, name: str, seeds: int) -> list[str]:
-    """PFLlib's main.py arguments for ``case`` on the exported dataset ``name``."""
+def pfllib_command(case: Case, cfg: dict, name: str, seeds: int, device: str = "cpu") -> list[str]:
+    """PFLlib's main.py arguments for ``case`` on the exported dataset ``name`` (``device``:
+    PFLlib's -dev, cpu or cuda)."""
     tr, data = cfg["train"], cfg["data"]
     if cfg["model"]["name"] != "cnn4" or data["dataset"] not in ("fashion_mnist", "mnist"):
         raise Usage(
@@ -74,7 +75,7 @@ def pfllib_command(case: Case, cfg: dict, name: str, seeds: int) -> list[str]:
         )
     return [
         "main.py",
-        *("-data", name, "-m", "CNN", "-algo", case.ref_name, "-dev", "cpu"),
+        *("-data", name, "-m", "CNN", "-algo", case.ref_name, "-dev", device),
         *("-nc", str(data["num_clients"]), "-ncl", "10", "-jr", str(tr["client_fraction"])),
         *("-lbs", str(tr["batch_size"]), "-lr", str(tr["lr"]), "-ls", str(tr["local_epochs"])),
         *("-gr", str(tr["rounds"]), "-eg", "1", "-t", str(seeds)),
@@ -131,6 +132,23 @@ def seeded_copy(system: Path, seed: int) -> Path:
     return copy
 
 
+def prepare_pfllib(cfg_path: Path, cfg: dict, ref: Path, out: Path) -> str:
+    """Copy PFLlib's ``system`` folder to ``out/pfllib/system`` (where it runs: PFLlib writes
+    its results beside its code) and export ``cfg``'s partition to ``out/pfllib/dataset/<name>``
+    (each once); returns the dataset's name, PFLlib's -data."""
+    work = out / "pfllib"
+    if not (work / "system").is_dir():
+        if not (ref / "system" / "main.py").is_file():
+            raise Usage(f"--pfllib {ref} has no system/main.py: give a PFLlib checkout")
+        shutil.copytree(
+            ref / "system", work / "system", ignore=shutil.ignore_patterns("__pycache__")
+        )
+    name = f"{'FMNIST' if cfg['data']['dataset'] == 'fashion_mnist' else 'MNIST'}-{data_key(cfg)}"
+    if not (work / "dataset" / name).is_dir():
+        export(cfg_path, "pfllib", work / "dataset", name)
+    return name
+
+
 def run_pfllib(
     case: Case,
     cfg_path: Path,
@@ -145,15 +163,7 @@ def run_pfllib(
     one process running ``seeds`` repetitions, or with ``independent`` one process per seed
     with PFLlib's torch seed set to it (:func:`seeded_copy`)."""
     work = out / "pfllib"
-    if not (work / "system").is_dir():
-        if not (ref / "system" / "main.py").is_file():
-            raise Usage(f"--pfllib {ref} has no system/main.py: give a PFLlib checkout")
-        shutil.copytree(
-            ref / "system", work / "system", ignore=shutil.ignore_patterns("__pycache__")
-        )
-    name = f"{'FMNIST' if cfg['data']['dataset'] == 'fashion_mnist' else 'MNIST'}-{data_key(cfg)}"
-    if not (work / "dataset" / name).is_dir():
-        export(cfg_path, "pfllib", work / "dataset", name)
+    name = prepare_pfllib(cfg_path, cfg, ref, out)
     jobs = (
         [(seeded_copy(work / "system", s), 1, f"-seed{s}") for s in range(seeds)]
         if independent
@@ -183,8 +193,12 @@ def run_pfllib(
 FLBENCH_MODELS = {"cnn4": "avgcnn", "lenet5_bn": "lenet5"}
 
 
-def flbench_command(case: Case, cfg: dict, seed: int) -> list[str]:
-    """FL-bench's main.py overrides for ``case`` with training seed ``seed``."""
+def flbench_command(
+    case: Case, cfg: dict, seed: int, verbose_gap: int = 100000, use_cuda: bool = False
+) -> list[str]:
+    """FL-bench's main.py overrides for ``case`` with training seed ``seed``. ``verbose_gap``:
+    FL-bench logs "TRAINING EPOCH: r" (and each client's line) every that many rounds;
+    ``use_cuda``: its common.use_cuda."""
     tr, data, model = cfg["train"], cfg["data"], cfg["model"]
     if model["name"] not in FLBENCH_MODELS or data["dataset"] not in ("fashion_mnist", "mnist"):
         raise Usage(
@@ -207,11 +221,11 @@ def flbench_command(case: Case, cfg: dict, seed: int) -> list[str]:
         f"optimizer.lr={tr['lr']}",
         "common.test.client.interval=1",
         "common.client_side_evaluation=false",
-        "common.use_cuda=false",
+        f"common.use_cuda={str(use_cuda).lower()}",
         "mode=serial",
         "common.save_learning_curve_plot=false",
         "common.save_metrics=false",
-        "common.verbose_gap=100000",
+        f"common.verbose_gap={verbose_gap}",
         *case.ref_args,
     ]
 
@@ -233,11 +247,11 @@ def parse_flbench(text: str) -> dict[int, float]:
     return curve
 
 
-def run_flbench(
-    case: Case, cfg_path: Path, cfg: dict, ref: Path, python: str, out: Path, seeds: int
-):
-    """(curves per seed, seconds) of FL-bench's ``case``, one process per seed."""
-    code = out / f"flbench-{data_key(cfg)}"  # FL-bench finds a dataset by its name only
+def prepare_flbench(cfg_path: Path, cfg: dict, ref: Path, out: Path) -> Path:
+    """Copy the FL-bench checkout to ``out/flbench-<data key>`` (one copy per partition:
+    FL-bench finds a dataset by its name only) with ``cfg``'s partition exported into its
+    ``data/<dataset>`` (each once); returns the copy, where FL-bench's main.py runs."""
+    code = out / f"flbench-{data_key(cfg)}"
     if not code.is_dir():
         if not (ref / "main.py").is_file() or not (ref / "src" / "server").is_dir():
             raise Usage(f"--flbench {ref} has no main.py and src/server: give an FL-bench checkout")
@@ -246,6 +260,14 @@ def run_flbench(
     if not (code / "data" / name / "partition.pkl").is_file():
         shutil.rmtree(code / "data" / name, ignore_errors=True)
         export(cfg_path, "flbench", code / "data", name)
+    return code
+
+
+def run_flbench(
+    case: Case, cfg_path: Path, cfg: dict, ref: Path, python: str, out: Path, seeds: int
+):
+    """(curves per seed, seconds) of FL-bench's ``case``, one process per seed."""
+    code = prepare_flbench(cfg_path, cfg, ref, out)
     curves, seconds = [], 0.0
     for seed in range(seeds):
         log = out / f"{case.key}-flbench-s{seed}.log"
