@@ -44,20 +44,18 @@ arrival times of its lines "Round number" and "Std Test AUC"; FL-bench's from it
 line of the round to the round's end (its test of every client, and the aggregation).
 
 **Threads.** The references run with one torch thread each (``OMP_NUM_THREADS=1``, as the
-cross-check runs them); pflkit's default contender with torch's default (one per core; the
-number is read from the run's provenance.json); ``--pflkit-workers 2`` adds a contender with
-``engine.workers: 2`` (two worker processes with one thread each), ``--pflkit-threads 1`` one
-in-process with ``threads: 1`` (the references' thread count). On a machine whose cores other
-jobs also use, torch's two threads can be much slower than one (each batch-10 step waits for
-both threads), so a run there should include ``--pflkit-threads 1``.
+cross-check runs them); pflkit's default contender with pflkit's defaults (``engine.workers:
+auto``: one worker process per core with one torch thread each, and one thread in the server
+process; the numbers are read from the run's provenance.json); ``--pflkit-workers 1,2`` adds
+contenders with that many workers (1: in-process), ``--pflkit-threads N`` in-process ones with
+``threads: N``.
 
 **Goal** (issue 38): pflkit's default round at least 2x faster than PFLlib's and 1.7x faster
 than FL-bench's on 2 CPU cores; on a GPU at least 5x faster than PFLlib's.
 
     python benchmarks/vs_libraries.py --pfllib ~/refs/PFLlib --flbench ~/refs/FL-bench \\
         --python ~/refenv/bin/python --rounds 3 --out runs/vs
-    python benchmarks/vs_libraries.py ... --algorithms fedavg,gpfl,pfedsim --pflkit-workers 2 \
-        --pflkit-threads 1
+    python benchmarks/vs_libraries.py ... --algorithms fedavg,gpfl,pfedsim --pflkit-workers 1
 
 Writes ``--out``/vs_libraries.json (every turn, round and number) and prints a markdown table;
 the runs' logs and folders stay in ``--out``.
@@ -600,6 +598,11 @@ def pflkit_threads(c: Contender) -> str:
     main = prov["machine"]["torch_threads"]
     resolved = yaml.safe_load((c.run_dir / "config.yaml").read_text())
     w = resolved["engine"]["workers"]
+    if w == "auto":
+        from pflkit.engine.clients import auto_workers
+        from pflkit.experiment import validate
+
+        w = auto_workers(validate(resolved))
     if w == 1:
         how = "torch's default" if resolved.get("threads") is None else "config threads"
         return f"{main} torch thread(s) ({how}), in-process (engine.workers 1)"
