@@ -257,3 +257,21 @@ def test_a_reference_curve_may_start_late_but_not_stop_early_or_skip(xc):
     assert not xc.complete({r: 0.5 for r in range(1, 100)}, 100)  # stopped at round 99
     assert not xc.complete({r: 0.5 for r in range(1, 101) if r != 60}, 100)  # a gap
     assert not xc.complete({}, 100)
+
+
+def test_commit_names_only_a_checkout_of_its_own(xc, tmp_path):
+    """A reference folder copied inside another repository is "unknown", not that
+    repository's commit."""
+    import subprocess
+
+    repo = tmp_path / "ref"
+    (repo / "system").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    (repo / "system" / "main.py").write_text("")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    assert xc.commit(repo) == head.stdout.strip()
+    assert xc.commit(repo / "system") == "unknown"
+    assert xc.commit(tmp_path) == "unknown"

@@ -380,7 +380,28 @@ def test_workers_on_an_accelerator_are_a_pool_of_fresh_processes(tiny, monkeypat
     monkeypatch.setattr(clients, "resolve_device", lambda name: "cuda")
     runner = clients.make_runner(cfg)
     assert isinstance(runner, clients.ProcessPool) and runner.fresh and runner.workers == 3
-    assert isinstance(clients.make_runner(tiny(engine={"workers": "auto"})), clients.InProcess)
+
+
+@pytest.mark.parametrize(
+    ("cores", "clients_", "gib", "want"),
+    [(16, 20, 80, 8), (4, 20, 80, 4), (16, 5, 80, 5), (16, 20, 12, 3), (16, 20, 6, 1)],
+)
+def test_auto_workers_on_a_gpu(tiny, monkeypatch, cores, clients_, gib, want):
+    """engine.workers auto on a GPU: 8 processes, at most one per core, one per client and one
+    per 4 GiB of device memory (1: in-process); on the CPU one per core and client."""
+    from types import SimpleNamespace
+
+    from pflkit.engine import clients
+
+    monkeypatch.setattr(clients.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    cfg = tiny(engine={"workers": "auto"}, data={"num_clients": clients_})
+    assert clients.auto_workers(cfg) == min(cores, clients_)  # CPU
+    monkeypatch.setattr(clients, "resolve_device", lambda name: "cuda")
+    memory = SimpleNamespace(total_memory=gib * 2**30)
+    monkeypatch.setattr(clients.torch.cuda, "get_device_properties", lambda device: memory)
+    assert clients.auto_workers(cfg) == want
+    runner = clients.make_runner(cfg)
+    assert isinstance(runner, clients.ProcessPool if want > 1 else clients.InProcess)
 
 
 def test_fresh_worker_processes_give_the_in_process_numbers(tiny, tmp_path):

@@ -345,14 +345,18 @@ def run_pflkit(case: Case, cfg: dict, out: Path, seeds: int):
 
 
 def commit(checkout: Path) -> str:
-    """The reference checkout's commit (the table names it)."""
-    r = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return r.stdout.strip() or "unknown"
+    """The reference checkout's commit (the table names it); "unknown" for a folder that is
+    not the top of its own git checkout (a copy inside another repository would otherwise
+    report that repository's commit)."""
+
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True)
+        return r.stdout.strip()
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != Path(checkout).resolve():
+        return "unknown"
+    return git("rev-parse", "--short", "HEAD") or "unknown"
 
 
 def summary(paths: list[Path]) -> str:

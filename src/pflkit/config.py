@@ -235,7 +235,8 @@ class EvalConfig(_Section):
 class EngineConfig(_Section):
     """Where client work runs (:mod:`pflkit.engine.clients`). ``workers``: ``auto`` (default)
     uses one worker process per CPU core on CPU (1.4x faster rounds on 2 cores,
-    docs/benchmarks.md) and this process on an accelerator; 1 runs clients in this process;
+    docs/benchmarks.md) and on a GPU up to 8 processes sharing it (4.9x faster anchor rounds
+    on an H100; ``auto_workers``); 1 runs clients in this process;
     N > 1 runs them in N worker processes (on an accelerator they share it, each with its own
     context). With one torch thread in this process (``threads``) and in each worker
     (``threads_per_worker``), the defaults, every runner and every worker count gives the same
