@@ -352,20 +352,16 @@ def _victims(
 def _batches(x: Tensor, y: Tensor, seed: int, cid: int, batches: int, size: int):
     """The victim's attacked batches: the first ``batches`` chunks of ``size`` of a permutation
     seeded by (seed, client), the same for every algorithm of that seed."""
-    gen = torch.Generator().manual_seed(
-        int(np.random.SeedSequence([seed, cid, 0xBA]).generate_state(1)[0])
-    )
-    perm = torch.randperm(len(y), generator=gen).to(y.device)
+    perm = torch.randperm(len(y), generator=_generator(seed, cid, 0xBA)).to(y.device)
     return [
         (x[perm[i : i + size]], y[perm[i : i + size]])
         for i in range(0, min(len(y), batches * size), size)
     ]
 
 
-def _dummy_gen(seed: int, cid: int, b: int) -> torch.Generator:
-    return torch.Generator().manual_seed(
-        int(np.random.SeedSequence([seed, cid, b, 0xD1]).generate_state(1)[0])
-    )
+def _generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded by the integers ``keys`` (independent streams per tuple)."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence(keys).generate_state(1)[0]))
 
 
 def privacy_study(
@@ -415,49 +411,26 @@ def privacy_study(
     size = batch_size or cfg.train.batch_size
     chosen = _victims(cfg, data, rnd, seeds, victims if isinstance(victims, int) else list(victims))
 
-    # which targets each algorithm's upload allows: one probe step on one sample, round 1
-    plans = []
-    for entry in entries:
-        run_cfg = _task(cfg, _unlabelled(entry), [], seeds[0])
-        sim = Simulation(run_cfg, data=data, runner=InProcess())
-        cid = chosen[seeds[0]][0]
-        c = data.clients[cid]
-        _, delta = victim_update(sim, cid, 1, c.train_x[:1], c.train_y[:1])
-        name = run_cfg.algorithm["name"]
-        if not delta:
-            raise PflkitError(
-                f"algorithm '{name}' uploads no trainable tensor, so the server has no update "
-                "to attack: choose an algorithm that shares model parameters (e.g. fedavg)"
-            )
-        model = sim.envs[cid].model()
-        have = available_targets(model, set(delta))
-        if not have:
-            raise PflkitError(
-                f"algorithm '{name}' uploads no model parameters that the attack targets "
-                f"({', '.join(TARGETS)}) cover: choose an algorithm that shares its body"
-            )
-        missing = [t for t in targets or [] if t not in have]
-        if missing:
-            raise PflkitError(
-                f"--targets {missing[0]} needs parameters that algorithm '{name}' does not "
-                f"upload: choose from {', '.join(have)} (or leave --targets out: every target "
-                "each algorithm uploads)"
-            )
-        sim.close()
-        plans.append((_label(entry), _unlabelled(entry), list(targets or have)))
-
-    total = sum(len(u) for *_, u in plans) * sum(len(v) for v in chosen.values()) * batches
+    plans = [
+        (_label(e), _unlabelled(e), _targets(cfg, data, e, seeds[0], chosen, targets))
+        for e in entries
+    ]
+    per_victim = sum(
+        math.ceil(min(len(data.clients[c].train_y), batches * size) / size)
+        for v in chosen.values()
+        for c in v
+    )
+    total = sum(len(u) for *_, u in plans) * per_victim
     say(
         f"DLG on {len(plans)} algorithm(s), {len(seeds)} seed(s), round {rnd}: {total} attacks "
         f"of {iterations} L-BFGS iterations on batches of {size}"
     )
     records: list[dict[str, Any]] = []
     shown: dict[str, Any] = {}  # images of the first (seed, victim, batch) for the figure
-    done, t0 = 0, time.perf_counter()
+    t0 = time.perf_counter()
     for label, algo_cfg, use in plans:
         for s in seeds:
-            run_cfg = _task(cfg, algo_cfg, [], s)
-            with Simulation(run_cfg, data=data, runner=InProcess()) as sim:
+            with Simulation(_task(cfg, algo_cfg, [], s), data=data, runner=InProcess()) as sim:
                 for r in range(1, rnd):
                     say(f"{label} seed {s}: training round {r} of {rnd - 1} before the attack")
                     sim.run_round(r)
@@ -466,52 +439,24 @@ def privacy_study(
                     for b, (x, y) in enumerate(
                         _batches(c.train_x, c.train_y, s, cid, batches, size)
                     ):
-                        received, delta = victim_update(sim, cid, rnd, x, y)
-                        delta = _minus(delta, known_gradient(sim.algo, received))
-                        model = sim.envs[cid].model("privacy")
-                        state = model.state_dict()
-                        set_weights(
-                            model, {k: v for k, v in received.items() if k in state}, strict=False
-                        )
-                        model.eval()
                         originals = (x.cpu() * std + mean).clamp(0, 1)
-                        for target in use:
-                            keys = target_keys(target, model, set(delta))
-                            forward, leaves = _attacked(target, model, received, keys)
-                            with torch.no_grad():
-                                out_shape = forward(x).shape
-                            rec, loss = dlg(
-                                forward,
-                                leaves,
-                                [delta[k] for k in keys],
-                                x.shape,
-                                out_shape,
-                                iterations=iterations,
-                                gen=_dummy_gen(s, cid, b),
-                                to_input=lambda p: (p - mean.to(p.device)) / std.to(p.device),
-                            )
-                            rec = match_order(originals, rec.detach().cpu())
+                        found = attack_batch(
+                            sim, cid, rnd, x, y, use, iterations, (s, cid, b), (mean, std)
+                        )
+                        for target, (rec, loss) in found.items():
+                            rec = match_order(originals, rec)
                             value = psnr(originals, rec)
                             records.append(
-                                {
-                                    "algorithm": label,
-                                    "target": target,
-                                    "seed": s,
-                                    "victim": cid,
-                                    "batch": b,
-                                    "psnr": value,
-                                    "match_loss": loss,
-                                }
+                                dict(algorithm=label, target=target, seed=s, victim=cid, batch=b)
+                                | {"psnr": value, "match_loss": loss}
                             )
-                            if not shown or (s, cid, b) == shown["at"]:
-                                shown.setdefault("at", (s, cid, b))
+                            if shown.setdefault("at", (s, cid, b)) == (s, cid, b):
                                 shown.setdefault("original", originals)
                                 shown[f"{label}-{target}"] = rec
-                            done += 1
                             mins = (time.perf_counter() - t0) / 60
                             say(
-                                f"[{done}/{total}, {mins:.1f} min] {label}-{target} seed {s} "
-                                f"victim {cid} batch {b + 1}: PSNR {value:.2f} dB"
+                                f"[{len(records)}/{total}, {mins:.1f} min] {label}-{target} "
+                                f"seed {s} victim {cid} batch {b + 1}: PSNR {value:.2f} dB"
                             )
     rows = _rows(records, plans)
     result = {
@@ -538,6 +483,77 @@ def privacy_study(
             f"cannot write the study into '{out}' ({err.strerror or err}): choose another --out"
         ) from None
     return result
+
+
+def _targets(cfg, data, entry, seed: int, chosen, targets) -> list[str]:
+    """The targets to attack for one algorithm entry: those its upload allows (one probe step
+    of the first victim on one sample in round 1: only the keys matter), checked against
+    ``targets``."""
+    with Simulation(_task(cfg, _unlabelled(entry), [], seed), data=data, runner=InProcess()) as sim:
+        cid = chosen[seed][0]
+        c = data.clients[cid]
+        _, delta = victim_update(sim, cid, 1, c.train_x[:1], c.train_y[:1])
+        have = available_targets(sim.envs[cid].model(), set(delta))
+    name = entry["name"]
+    if not delta:
+        raise PflkitError(
+            f"algorithm '{name}' uploads no trainable tensor, so the server has no update "
+            "to attack: choose an algorithm that shares model parameters (e.g. fedavg)"
+        )
+    if not have:
+        raise PflkitError(
+            f"algorithm '{name}' uploads no model parameters that the attack targets "
+            f"({', '.join(TARGETS)}) cover: choose an algorithm that shares its body"
+        )
+    missing = [t for t in targets or [] if t not in have]
+    if missing:
+        raise PflkitError(
+            f"--targets {missing[0]} needs parameters that algorithm '{name}' does not "
+            f"upload: choose from {', '.join(have)} (or leave --targets out: every target "
+            "each algorithm uploads)"
+        )
+    return list(targets or have)
+
+
+def attack_batch(
+    sim: Simulation,
+    cid: int,
+    rnd: int,
+    x: Tensor,
+    y: Tensor,
+    targets: Sequence[str],
+    iterations: int,
+    key: tuple[int, ...],
+    pixels: tuple[Tensor, Tensor],
+) -> dict[str, tuple[Tensor, float]]:
+    """DLG on client ``cid``'s one-batch update of round ``rnd`` for each target: {target:
+    (reconstructed pixels on the CPU, matching loss)}. ``key`` seeds the dummy input (the
+    same for every target), ``pixels`` = (mean, std) of the input normalisation."""
+    received, delta = victim_update(sim, cid, rnd, x, y)
+    delta = _minus(delta, known_gradient(sim.algo, received))
+    model = sim.envs[cid].model("privacy")  # the server's copy, at the received weights
+    state = model.state_dict()
+    set_weights(model, {k: v for k, v in received.items() if k in state}, strict=False)
+    model.eval()
+    mean, std = (t.to(x.device) for t in pixels)
+    found = {}
+    for target in targets:
+        keys = target_keys(target, model, set(delta))
+        forward, leaves = _attacked(target, model, received, keys)
+        with torch.no_grad():
+            out_shape = forward(x).shape
+        rec, loss = dlg(
+            forward,
+            leaves,
+            [delta[k] for k in keys],
+            x.shape,
+            out_shape,
+            iterations=iterations,
+            gen=_generator(*key, 0xD1),
+            to_input=lambda p: (p - mean) / std,
+        )
+        found[target] = (rec.detach().cpu(), loss)
+    return found
 
 
 def _minus(delta: dict[str, Tensor], known: dict[str, Tensor]) -> dict[str, Tensor]:
