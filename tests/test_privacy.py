@@ -179,6 +179,7 @@ def test_the_command_writes_the_table(cli, cfg_file, tmp_path):
     assert "[20/20," in r.stderr  # progress: 5 targets x 2 victims x 1 batch x 2 seeds
     table = (tmp_path / "pv" / "privacy.md").read_text()
     assert "| gpfl | sfe |" in table and "| 6.41 |" in table  # with the paper's column
+    assert "Reference: the dummy's random start" in table
     assert (tmp_path / "pv" / "privacy.png").read_bytes()[:4] == b"\x89PNG"
 
 
