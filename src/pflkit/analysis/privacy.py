@@ -33,7 +33,8 @@ point, so its PSNR mixes leakage with that mismatch. Algorithms that take more t
 on a batch (FedRep's head epochs run first; the body step that Delta records comes after them)
 still give Delta = one body step / lr. Statistics an algorithm reads from the client's data
 inside ``client_update`` (FedRoD's class counts) are those of the attacked batch; state from
-``client_init`` (GPFL's label proportions alpha_i) is the client's own.
+``client_init`` (GPFL's label proportions alpha_i) is the client's own. In a round of several
+exchanges (``phases``), the first is attacked.
 
 **Targets (Table 5).** What the server sees is what the algorithm uploads, so the targets are
 derived from the upload's keys (a target whose parameters are not all uploaded is unavailable):
