@@ -647,13 +647,14 @@ def _grid(shown: dict, plans, path: Path) -> None:
     names = [f"{label}-{t}" for label, _, use in plans for t in use if f"{label}-{t}" in shown]
     rows = [("original", shown["original"])] + [(n, shown[n]) for n in names]
     cols = min(len(shown["original"]), 10)
-    fig = Figure(figsize=(1.1 * cols + 1.6, 1.1 * len(rows)), dpi=100)
+    fig = Figure(figsize=(0.8 * cols + 1.4, 0.8 * len(rows)), dpi=72)
     FigureCanvasAgg(fig)
     for i, (name, images) in enumerate(rows):
         for j in range(cols):
             ax = fig.add_subplot(len(rows), cols, i * cols + j + 1)
             img = images[j].permute(1, 2, 0).numpy()
-            ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray", vmin=0, vmax=1)
+            pixels = img[..., 0] if img.shape[-1] == 1 else img
+            ax.imshow(pixels, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
             if j == 0:
