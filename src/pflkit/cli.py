@@ -612,6 +612,93 @@ def similarity(
     out_console.print(f"written to {folder} (similarity.md, similarity.json, similarity.png)")
 
 
+@analyze.command()
+def privacy(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    attack: Annotated[str, typer.Option(help="The attack: dlg (Zhu et al. 2019).")] = "dlg",
+    round_: Annotated[
+        int,
+        typer.Option("--round", help="The attacked round; rounds before it train as a run would."),
+    ] = 1,
+    victims: Annotated[
+        str,
+        typer.Option(
+            help="How many clients to attack (the first N that upload in that round), or "
+            "their ids: 0,3,7 (one id: 7,)."
+        ),
+    ] = "4",
+    iterations: Annotated[
+        int, typer.Option(help="L-BFGS iterations per attacked batch (PFLlib: 100).")
+    ] = 100,
+    batches: Annotated[int, typer.Option(help="Batches attacked per victim (PFLlib: 2).")] = 2,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(help="Samples in an attacked batch (default: train.batch_size)."),
+    ] = None,
+    seeds: SeedsOpt = None,
+    targets: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated: full, fe, sfe, sm (default: every one the algorithm uploads)."
+        ),
+    ] = None,
+    algorithms: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated algorithm names (default: the config's algorithm)."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Output folder (default: privacy-<name>)."),
+    ] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """GPFL's privacy evaluation (§4.7, Table 5): a semi-honest server inverts victims'
+    one-batch updates with DLG; PSNR per target (table + reconstructions)."""
+    from pflkit.analysis import privacy_study
+
+    if config is None:
+        raise PflkitError("give the experiment config: pflkit analyze privacy CONFIG --out DIR")
+    cfg = load_config(config, _lists(set_, algorithms, seeds))
+    folder = out or Path(f"privacy-{cfg.name}")
+    _usable_path(folder, "output folder")
+    res = privacy_study(
+        cfg,
+        folder,
+        attack=attack,
+        rnd=round_,
+        victims=_victim_ids(victims),
+        iterations=iterations,
+        batches=batches,
+        batch_size=batch_size,
+        seeds=cfg.compare.seeds if seeds else None,
+        targets=[t.strip() for t in targets.split(",") if t.strip()] if targets else None,
+        algorithms=cfg.compare.algorithms if algorithms else None,
+        progress=None if quiet else lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    for row in res["rows"]:
+        out_console.print(
+            f"{row['algorithm']}-{row['target']}: PSNR {row['psnr_mean']:.2f} ± "
+            f"{row['psnr_std']:.2f} dB (n={row['n']})",
+            highlight=False,
+        )
+    out_console.print(f"written to {folder} (privacy.md, privacy.json, privacy.png)")
+
+
+def _victim_ids(text: str) -> int | list[int]:
+    """``--victims``: a count (``4``) or client ids (``0,3,7``; one id as ``7,``)."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        if len(parts) == 1:
+            return int(parts[0])
+        return [int(p) for p in parts if p]
+    except ValueError:
+        raise PflkitError(
+            f"--victims '{text}' is not a count or a list of client ids: write e.g. "
+            "--victims 4 or --victims 0,3,7"
+        ) from None
+
+
 @app.command(name="list")
 def list_(
     params: Annotated[
