@@ -83,6 +83,7 @@ from torch import Tensor
 from pflkit.algorithms.base import Algorithm, RoundContext
 from pflkit.algorithms.blocks.training import set_weights
 from pflkit.algorithms.gpfl import GPFL, TABLE, cov_apply, cov_params, reg_norms
+from pflkit.analysis.similarity import check_out
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.data.sources import load_source
@@ -405,7 +406,7 @@ def privacy_study(
         if t not in TARGETS:
             raise PflkitError(f"unknown --targets entry '{t}': choose from {', '.join(TARGETS)}")
     out = Path(out)
-    _check_out(out)
+    check_out(out, OUTPUTS)
     seeds = list(seeds) if seeds else [cfg.seed]
     entries = _normalise(list(algorithms) if algorithms else [cfg.algorithm], cfg.train.weighting)
     data = build_federated(cfg.data)
@@ -594,20 +595,6 @@ def _rows(records: list[dict], plans) -> list[dict[str, Any]]:
                 }
             )
     return rows
-
-
-def _check_out(out: Path) -> None:
-    """Refuse, before any work, an ``out`` that is a file or a folder with other contents."""
-    if out.exists() and not out.is_dir():
-        raise PflkitError(f"--out '{out}' is a file, not a folder: choose another --out")
-    if out.is_dir():
-        other = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS)
-        if other:
-            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
-            raise PflkitError(
-                f"--out '{out}' already holds other files ({shown}): the study needs a new "
-                "or empty folder (or one with only an earlier study); choose another --out"
-            )
 
 
 def _markdown(r: dict) -> str:

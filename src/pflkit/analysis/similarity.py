@@ -78,7 +78,7 @@ def similarity_study(
     if steps < 1:
         raise PflkitError(f"--steps must be at least 1, got {steps}")
     out = Path(out)
-    _check_out(out)
+    check_out(out)
     data = build_federated(cfg.data)
     senv, envs = make_envs(cfg, data)
     if len(set(senv.archs)) > 1:
@@ -159,13 +159,13 @@ def similarity_study(
 OUTPUTS = ("similarity.json", "similarity.md", "similarity.png")
 
 
-def _check_out(out: Path) -> None:
-    """Refuse, before the study trains anything, an ``out`` that is a file or a folder with
-    other contents (a run folder, say): the study writes a folder of its own."""
+def check_out(out: Path, outputs: tuple[str, ...] = OUTPUTS) -> None:
+    """Refuse, before a study trains anything, an ``out`` that is a file or a folder with
+    contents other than ``outputs`` (a run folder, say): a study writes a folder of its own."""
     if out.exists() and not out.is_dir():
         raise PflkitError(f"--out '{out}' is a file, not a folder: choose another --out")
     if out.is_dir():
-        other = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS)
+        other = sorted(p.name for p in out.iterdir() if p.name not in outputs)
         if other:
             shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
             raise PflkitError(
