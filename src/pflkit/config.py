@@ -217,8 +217,8 @@ class EvalConfig(_Section):
     every: int = Field(1, gt=0, le=MAX_ROUNDS)
     # also evaluate every round of the last N rounds; summaries then report the mean over them
     last: int = Field(0, ge=0, le=MAX_ROUNDS)
-    # a speed setting: logits are the same at any batch from 64 up (predict); 250 was the
-    # fastest on one CPU thread for cnn4 (docs/benchmarks.md)
+    # a speed setting: full batches only, whose logits do not depend on the size (predict);
+    # 250 was faster than 1,000 on one CPU thread for cnn4 (docs/benchmarks.md)
     batch_size: int = Field(250, gt=0, le=MAX_BATCH)
     global_model: bool = True  # score the server model on the global test set
     # MAP's personalization protocol: also score the round's selected clients with their model
@@ -234,13 +234,12 @@ class EvalConfig(_Section):
 
 class EngineConfig(_Section):
     """Where client work runs (:mod:`pflkit.engine.clients`). ``workers``: ``auto`` (default)
-    uses one worker process per CPU core on CPU (1.4x faster rounds on 2 cores,
-    docs/benchmarks.md) and on a GPU up to 8 processes sharing it (4.9x faster anchor rounds
-    on an H100; ``auto_workers``); 1 runs clients in this process;
-    N > 1 runs them in N worker processes (on an accelerator they share it, each with its own
-    context). With one torch thread in this process (``threads``) and in each worker
-    (``threads_per_worker``), the defaults, every runner and every worker count gives the same
-    numbers bit for bit."""
+    is one worker process per CPU core on CPU (1.9x faster anchor rounds than in-process on 2
+    cores) and up to 8 processes sharing a GPU (4.9x on an H100; ``auto_workers``,
+    docs/benchmarks.md); 1 runs clients in this process; N > 1 in N worker processes (on an
+    accelerator they share it, each with its own context). With one torch thread in this
+    process (``threads``) and in each worker (``threads_per_worker``), the defaults, every
+    runner and every worker count give the same numbers bit for bit."""
 
     workers: int | Literal["auto"] = "auto"
     threads_per_worker: int = Field(1, gt=0, le=MAX_THREADS)  # torch threads in each worker process
