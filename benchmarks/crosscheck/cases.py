@@ -244,12 +244,13 @@ CASES: dict[str, Case] = {
             "flbench",
             "fedgen",
             (),
-            {"name": "fedgen", "eta": 0.0, "teacher_labels": "client"},
+            {"name": "fedgen", "eta": 0.0, "teacher_labels": "client", "teacher": "server"},
             "FL-bench's ensemble_eta 0 (src/server/fedgen.py line 32); its clients draw the "
             "teacher labels from their own labels (src/client/fedgen.py lines 66-72): "
-            "teacher_labels client; the other FedGen defaults agree (lines 26-39). Known "
-            "differences: FL-bench trains the generator against the server model's own "
-            "classifier, not the clients' heads (lines 98-111), on labels whose mean count over "
+            "teacher_labels client; it trains the generator against the server model's own "
+            "classifier, not the clients' heads (lines 98-111): teacher server; the other "
+            "FedGen defaults agree (lines 26-39). Known differences: FL-bench draws generator "
+            "labels among those whose mean count over "
             "the round's clients exceeds 1 (lines 139-143), decays its lr by 0.98 a round, and "
             "its clients run the generator in train mode (src/client/fedgen.py line 45).",
         ),

@@ -223,3 +223,33 @@ def _hand_loss(model, gen, x, y, labels, n_gen, noise_dim, alpha, beta):
     teacher = F.cross_entropy(model.head(feat), y_gen)
     latent = (target * (target.log() - F.log_softmax(logits, 1))).sum(1).mean()
     return (ce + alpha * teacher + beta * latent).item(), y_gen
+
+
+def test_teacher_server_trains_the_generator_against_the_rounds_starting_head():
+    """``teacher: server`` (FL-bench's code): the generator's loss is CE of the head of the
+    model the round started from, whatever the clients uploaded."""
+    sim = simulation(gen_iters=1, gen_batch=8, eta=0.0, teacher="server")
+    algo, senv = sim.algo, sim.senv
+    server = algo.server_init(senv)
+    w = senv.init_weights()
+    server["weights"] = {k: (v * 2.0 if k.startswith("head.") else v) for k, v in w.items()}
+    c = torch.zeros(senv.num_classes, dtype=torch.float64)
+    c[0], c[1] = 2.0, 2.0
+    moved = {k: (v + 5.0 if k.startswith("head.") else v) for k, v in w.items()}  # ignored
+    uploads = {0: {"weights": moved, "num_samples": 4, "label_counts": c}}
+    gen = algo.generator(senv, server["gen"]).train()
+    torch.manual_seed(7)
+    new, labels = algo.train_generator(senv, server, uploads)
+    torch.manual_seed(7)
+    y = labels[torch.randint(2, (8,))]
+    feat = gen(torch.randn(8, algo.params.noise_dim), y)
+    model = copy.deepcopy(senv.model())
+    model.load_state_dict(server["weights"])
+    F.cross_entropy(model.head(feat), y).backward()
+    lr = algo.params.gen_lr
+    for name, p in gen.named_parameters():
+        if p.grad is None or name.startswith("bn."):
+            continue
+        step = new["gen"][name] - p.detach()
+        big = p.grad.abs() > 1e-4  # Adam: g / (|g| + 1e-8) is sign(g) within 1e-4
+        assert torch.allclose(step[big], -lr * p.grad[big].sign(), rtol=1e-3, atol=1e-9), name

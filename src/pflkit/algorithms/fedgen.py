@@ -37,10 +37,12 @@ Deviations: the code's KD of the server model on the ensemble is off there too (
 its per-round lr decay of the generator is not applied; the teacher loss is not rescaled by
 gen_batch / batch_size (1 at the defaults).
 
-FL-bench's FedGen (06e658b) differs further, with no option here: its generator's teacher is
-the server model's own classifier (``self.model.classifier``, before the round's aggregation),
-not the clients' heads (``src/server/fedgen.py`` lines 98-111: the loaded ``teacher_model`` is
-unused, and the per-label shares sum to 1 over the clients); it draws ``common.batch_size``
+FL-bench's FedGen (06e658b) differs further. Its generator's teacher is the server model's
+own classifier (``self.model.classifier``, before the round's aggregation), not the clients'
+heads (``src/server/fedgen.py`` lines 98-111: the loaded ``teacher_model`` is unused, and the
+per-label shares sum to 1 over the clients, so the ensemble is that one head): ``teacher:
+server`` trains the generator so (the head of the model the round started from), ``teacher:
+clients`` (default) as the paper's Eq. 4. With no option here, it draws ``common.batch_size``
 generator labels a step (line 88) from those whose mean count over the round's clients exceeds
 ``min_samples_per_label`` (lines 139-143) and decays the generator's lr by 0.98 a round (lines
 51-53, 128); its clients run the generator in train mode (``src/client/fedgen.py`` line 45) and
@@ -131,6 +133,9 @@ class FedGen(Algorithm):
         teacher_labels: Literal["server", "client"] = param(
             "server", "paper (labels seen by the server); client: FL-bench src/client/fedgen.py"
         )
+        teacher: Literal["clients", "server"] = param(
+            "clients", "paper Eq. 4 (clients' heads); server: FL-bench src/server/fedgen.py l. 104"
+        )
 
     def generator(self, env: ServerEnv | ClientEnv, weights: Mapping | None = None) -> Generator:
         p = self.params
@@ -199,14 +204,17 @@ class FedGen(Algorithm):
             seen[1, server["labels"]] = 1.0
         labels = torch.nonzero(seen.sum(0) > 0).flatten()
         share = counts / counts.sum(0).clamp(min=1e-12)  # alpha_{k,y}
+        heads = [u["weights"] for u in ups]
+        if p.teacher == "server":  # FL-bench: the round's starting model, share 1 for every label
+            heads, share = [server["weights"]], torch.ones_like(counts[:1])
         model = env.model()
         for _ in range(p.gen_iters):
             y = labels[draw(len(labels), p.gen_batch, labels)]
             z = noise(p.gen_batch, p.noise_dim, labels)
             feat = gen(z, y)
             logits = sum(
-                share[k, y].float()[:, None] * head_logits(model, u["weights"], feat)
-                for k, u in enumerate(ups)
+                share[k, y].float()[:, None] * head_logits(model, h, feat)
+                for k, h in enumerate(heads)
             )
             loss = F.cross_entropy(logits, y) + p.eta * diversity_loss(z, feat)
             opt.zero_grad(set_to_none=True)
