@@ -87,7 +87,7 @@ from pflkit.analysis.similarity import check_out
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.data.sources import load_source
-from pflkit.engine.clients import InProcess, seed_torch, system_draw
+from pflkit.engine.clients import InProcess, key_seed, seed_torch, system_draw
 from pflkit.engine.compare import _label, _normalise, _task, _unlabelled
 from pflkit.engine.folder import make_folder
 from pflkit.engine.simulation import Simulation, sample_clients
@@ -363,8 +363,8 @@ def _batches(x: Tensor, y: Tensor, seed: int, cid: int, batches: int, size: int)
 
 
 def _generator(*keys: int) -> torch.Generator:
-    """A CPU generator seeded by the integers ``keys`` (independent streams per tuple)."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence(keys).generate_state(1)[0]))
+    """A CPU generator seeded by the integers ``keys`` (:func:`key_seed`)."""
+    return torch.Generator().manual_seed(key_seed(*keys))
 
 
 def privacy_study(

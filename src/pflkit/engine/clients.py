@@ -52,9 +52,14 @@ from pflkit.experiment import validate
 # -- seeding (the same in every runner) ------------------------------------------------------------
 
 
+def key_seed(*keys: int) -> int:
+    """A torch seed from a tuple of integers (independent streams per tuple)."""
+    return int(np.random.SeedSequence(list(keys)).generate_state(1)[0])
+
+
 def seed_torch(*keys: int) -> None:
-    """Seed torch's global RNG from a tuple of integers (independent streams per tuple)."""
-    torch.manual_seed(int(np.random.SeedSequence(list(keys)).generate_state(1)[0]))
+    """Seed torch's global RNG from a tuple of integers (:func:`key_seed`)."""
+    torch.manual_seed(key_seed(*keys))
 
 
 def seed_eval(seed: int, rnd: int, cid: int, selected: bool = False) -> None:
