@@ -244,15 +244,24 @@ CASES: dict[str, Case] = {
             "flbench",
             "fedgen",
             (),
-            {"name": "fedgen", "eta": 0.0, "teacher_labels": "client", "teacher": "server"},
+            {
+                "name": "fedgen",
+                "eta": 0.0,
+                "teacher_labels": "client",
+                "teacher": "server",
+                "gen_labels": "round",
+                "gen_lr_decay": 0.98,
+                "client_gen_mode": "train",
+            },
             "FL-bench's ensemble_eta 0 (src/server/fedgen.py line 32); its clients draw the "
             "teacher labels from their own labels (src/client/fedgen.py lines 66-72): "
             "teacher_labels client; it trains the generator against the server model's own "
-            "classifier, not the clients' heads (lines 98-111): teacher server; the other "
-            "FedGen defaults agree (lines 26-39). Known differences: FL-bench draws generator "
-            "labels among those whose mean count over "
-            "the round's clients exceeds 1 (lines 139-143), decays its lr by 0.98 a round, and "
-            "its clients run the generator in train mode (src/client/fedgen.py line 45).",
+            "classifier, not the clients' heads (lines 98-111): teacher server; on labels whose "
+            "mean count over the round's clients exceeds 1 (lines 139-143): gen_labels round; "
+            "its Adam lr decays by 0.98 a round (lines 51-53, 128): gen_lr_decay 0.98; its "
+            "clients run the generator in train mode and skip one-sample batches "
+            "(src/client/fedgen.py lines 45, 49): client_gen_mode train. The other FedGen "
+            "defaults agree (lines 26-39).",
         ),
         Case(
             "feddyn",

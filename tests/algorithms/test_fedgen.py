@@ -50,7 +50,7 @@ def test_generator_step_follows_the_count_weighted_ensemble_of_heads():
     }
     gen = algo.generator(senv, server["gen"]).train()
     torch.manual_seed(7)
-    new, labels = algo.train_generator(senv, server, uploads)
+    new, labels = algo.train_generator(senv, server, uploads, 1)
     assert labels.tolist() == [0, 1]  # the labels some client holds
     # the same draws, the loss written out: alpha_{k,y} = n_{k,y} / sum_k n_{k,y}
     torch.manual_seed(7)
@@ -239,7 +239,7 @@ def test_teacher_server_trains_the_generator_against_the_rounds_starting_head():
     uploads = {0: {"weights": moved, "num_samples": 4, "label_counts": c}}
     gen = algo.generator(senv, server["gen"]).train()
     torch.manual_seed(7)
-    new, labels = algo.train_generator(senv, server, uploads)
+    new, labels = algo.train_generator(senv, server, uploads, 1)
     torch.manual_seed(7)
     y = labels[torch.randint(2, (8,))]
     feat = gen(torch.randn(8, algo.params.noise_dim), y)
@@ -253,3 +253,91 @@ def test_teacher_server_trains_the_generator_against_the_rounds_starting_head():
         step = new["gen"][name] - p.detach()
         big = p.grad.abs() > 1e-4  # Adam: g / (|g| + 1e-8) is sign(g) within 1e-4
         assert torch.allclose(step[big], -lr * p.grad[big].sign(), rtol=1e-3, atol=1e-9), name
+
+
+def _one_upload_step(algo, senv, server, uploads, rnd):
+    """The generator's first Adam step in round ``rnd`` and its gradient (the module's draws)."""
+    gen = algo.generator(senv, server["gen"]).train()
+    torch.manual_seed(7)
+    new, labels = algo.train_generator(senv, server, uploads, rnd)
+    torch.manual_seed(7)
+    y = labels[torch.randint(len(labels), (8,))]
+    feat = gen(torch.randn(8, algo.params.noise_dim), y)
+    model = copy.deepcopy(senv.model())
+    model.load_state_dict(server["weights"])
+    F.cross_entropy(model.head(feat), y).backward()
+    return gen, new
+
+
+def test_gen_lr_decay_scales_the_generators_adam_step_by_decay_to_the_round_minus_one():
+    """``gen_lr_decay`` (FL-bench's ExponentialLR(0.98) stepped after every round): round 3
+    trains with gen_lr * 0.5^2; Adam's first step is minus that lr times the gradient's sign."""
+    sim = simulation(gen_iters=1, gen_batch=8, eta=0.0, teacher="server", gen_lr_decay=0.5)
+    algo, senv = sim.algo, sim.senv
+    server = algo.server_init(senv)
+    c = torch.zeros(senv.num_classes, dtype=torch.float64)
+    c[0], c[1] = 2.0, 2.0
+    uploads = {0: {"weights": server["weights"], "num_samples": 4, "label_counts": c}}
+    gen, new = _one_upload_step(algo, senv, server, uploads, rnd=3)
+    lr = algo.params.gen_lr * 0.25
+    moved = 0
+    for name, p in gen.named_parameters():
+        if p.grad is None or name.startswith("bn."):
+            continue
+        step = new["gen"][name] - p.detach()
+        big = p.grad.abs() > 1e-4
+        moved += int(big.sum())
+        assert torch.allclose(step[big], -lr * p.grad[big].sign(), rtol=1e-3, atol=1e-9), name
+    assert moved > 0
+
+
+def test_gen_labels_round_keeps_the_labels_whose_mean_count_over_the_round_exceeds_one():
+    """``gen_labels: round`` (FL-bench lines 139-143): counts [3, 1, 0] and [0, 1, 0] have
+    means 1.5, 1, 0: only label 0 qualifies; ``seen`` keeps 0 and 1 and the earlier label 2."""
+    for option, want in (("round", [0]), ("seen", [0, 1, 2])):
+        algo, senv, _ = hand_fedgen(gen_iters=0, gen_labels=option)
+        server = {**algo.server_init(senv), "labels": torch.tensor([2])}
+        uploads = {
+            0: {"weights": server["weights"], "num_samples": 4,
+                "label_counts": torch.tensor([3.0, 1.0, 0.0])},
+            1: {"weights": server["weights"], "num_samples": 1,
+                "label_counts": torch.tensor([0.0, 1.0, 0.0])},
+        }  # fmt: skip
+        _, labels = algo.train_generator(senv, server, uploads, 2)
+        assert labels.tolist() == want, option
+
+
+def test_client_gen_mode_train_normalises_each_generated_batch_and_skips_one_sample_batches():
+    """``client_gen_mode: train`` (FL-bench src/client/fedgen.py lines 45, 49): the generator's
+    BatchNorm uses each batch's own statistics; the loss written out with the generator in
+    train mode; a one-sample batch gives a zero loss with a zero gradient."""
+    algo, senv, envs = hand_fedgen(client_gen_mode="train", alpha=2.0, beta=3.0, gen_batch=6)
+    env = envs[0]
+    server = algo.server_init(senv)
+    gen = algo.generator(env, server["gen"])
+    with torch.no_grad():  # running statistics far from any batch's: the two modes differ
+        gen.bn.running_mean.fill_(5.0)
+    payload = {"weights": server["weights"], "gen": get_state(gen), "labels": torch.tensor([0, 2])}
+    model = env.model()
+    model.load_state_dict(
+        {
+            "head.weight": torch.tensor([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]]),
+            "head.bias": torch.zeros(3),
+        }
+    )
+    x, y = env.data.train_x, env.data.train_y
+    torch.manual_seed(11)
+    got = algo.local_loss(env, payload, rnd=1)(model, x, y)
+    torch.manual_seed(11)
+    want, _ = _hand_loss(model, gen.train(), x, y, [0, 2], 6, algo.params.noise_dim, 2.0, 3.0)
+    assert got.item() == pytest.approx(want, rel=1e-5)
+    torch.manual_seed(11)
+    frozen, _ = _hand_loss(model, gen.eval(), x, y, [0, 2], 6, algo.params.noise_dim, 2.0, 3.0)
+    assert abs(frozen - want) > 1e-3
+    one = algo.local_loss(env, payload, rnd=1)(model, x[:1], y[:1])
+    one.backward()
+    assert one.item() == 0.0 and all(p.grad.abs().max() == 0 for p in model.parameters())
+
+
+def get_state(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}

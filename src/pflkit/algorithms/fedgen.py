@@ -42,11 +42,17 @@ own classifier (``self.model.classifier``, before the round's aggregation), not 
 heads (``src/server/fedgen.py`` lines 98-111: the loaded ``teacher_model`` is unused, and the
 per-label shares sum to 1 over the clients, so the ensemble is that one head): ``teacher:
 server`` trains the generator so (the head of the model the round started from), ``teacher:
-clients`` (default) as the paper's Eq. 4. With no option here, it draws ``common.batch_size``
-generator labels a step (line 88) from those whose mean count over the round's clients exceeds
-``min_samples_per_label`` (lines 139-143) and decays the generator's lr by 0.98 a round (lines
-51-53, 128); its clients run the generator in train mode (``src/client/fedgen.py`` line 45) and
-skip batches of one sample (line 49).
+clients`` (default) as the paper's Eq. 4. It draws the generator's labels from those whose mean
+count over the round's clients exceeds ``min_samples_per_label`` = 1 (lines 139-143; ``gen_labels:
+round``; default ``seen``: every label a client has reported so far), decays the generator's
+Adam lr by 0.98 after every round (lines 51-53, 128; ``gen_lr_decay: 0.98``, the lr of round t
+is gen_lr * gen_lr_decay^(t-1); default 1, no decay), and its clients run the generator in train
+mode (``src/client/fedgen.py`` line 45; ``client_gen_mode: train``): BatchNorm normalises each
+generated batch by its own statistics, so a batch whose labels are all one class carries no
+label information; default ``eval``, the running statistics. In train mode a batch of one
+sample is skipped, as FL-bench does (line 49): its loss is zero (no step under plain SGD; with
+momentum or weight decay the optimiser still moves). FL-bench draws ``common.batch_size``
+generator labels a step (line 88): set ``gen_batch`` to it (they agree in the cross-check).
 """
 
 from __future__ import annotations
@@ -136,6 +142,15 @@ class FedGen(Algorithm):
         teacher: Literal["clients", "server"] = param(
             "clients", "paper Eq. 4 (clients' heads); server: FL-bench src/server/fedgen.py l. 104"
         )
+        gen_labels: Literal["seen", "round"] = param(
+            "seen", "pflkit (labels reported so far); round: FL-bench src/server/fedgen.py l. 141"
+        )
+        gen_lr_decay: float = param(
+            1.0, "paper (no decay); 0.98: FL-bench src/server/fedgen.py l. 128", gt=0, le=1
+        )
+        client_gen_mode: Literal["eval", "train"] = param(
+            "eval", "pflkit (frozen generator); train: FL-bench src/client/fedgen.py l. 45"
+        )
 
     def generator(self, env: ServerEnv | ClientEnv, weights: Mapping | None = None) -> Generator:
         p = self.params
@@ -164,7 +179,7 @@ class FedGen(Algorithm):
 
     def local_loss(self, env: ClientEnv, payload: Payload, rnd: int):
         p = self.params
-        gen = self.generator(env, payload["gen"]).eval()
+        gen = self.generator(env, payload["gen"]).train(p.client_gen_mode == "train")
         labels = payload["labels"]
         if p.teacher_labels == "client":  # the labels of the client's training split
             labels = torch.unique(env.data.train_y)
@@ -173,6 +188,8 @@ class FedGen(Algorithm):
 
         def loss_fn(model, x, y):
             logits = model(x)
+            if gen.training and len(y) < 2:  # FL-bench skips the batch (BatchNorm needs two)
+                return 0.0 * logits.sum()
             loss = F.cross_entropy(logits, y)
             with torch.no_grad():
                 target = F.softmax(model.head(gen(noise(len(y), p.noise_dim, y), y)), 1)
@@ -191,24 +208,30 @@ class FedGen(Algorithm):
         upload = {"weights": weights, "num_samples": env.num_train, "label_counts": counts}
         return Update(upload, state, {"train_loss": loss})
 
-    def train_generator(self, env: ServerEnv, server: State, uploads) -> tuple[dict, Tensor]:
+    def train_generator(
+        self, env: ServerEnv, server: State, uploads, rnd: int
+    ) -> tuple[dict, Tensor]:
         p = self.params
         gen = self.generator(env, server["gen"]).train()
         opt = torch.optim.Adam(gen.parameters(), lr=p.gen_lr)
         if "gen_opt" in server:
             opt.load_state_dict(server["gen_opt"])
+        opt.param_groups[0]["lr"] = p.gen_lr * p.gen_lr_decay ** (rnd - 1)
         ups = list(uploads.values())
         counts = torch.stack([u["label_counts"] for u in ups])  # [K, C]
-        seen = torch.stack([counts.sum(0), torch.zeros_like(counts[0])])
-        if server["labels"].numel():
-            seen[1, server["labels"]] = 1.0
-        labels = torch.nonzero(seen.sum(0) > 0).flatten()
+        if p.gen_labels == "round":  # FL-bench: mean count over the round's clients above 1
+            labels = torch.nonzero(counts.sum(0) / len(ups) > 1).flatten()
+        else:
+            seen = torch.stack([counts.sum(0), torch.zeros_like(counts[0])])
+            if server["labels"].numel():
+                seen[1, server["labels"]] = 1.0
+            labels = torch.nonzero(seen.sum(0) > 0).flatten()
         share = counts / counts.sum(0).clamp(min=1e-12)  # alpha_{k,y}
         heads = [u["weights"] for u in ups]
         if p.teacher == "server":  # FL-bench: the round's starting model, share 1 for every label
             heads, share = [server["weights"]], torch.ones_like(counts[:1])
         model = env.model()
-        for _ in range(p.gen_iters):
+        for _ in range(p.gen_iters if len(labels) else 0):  # no label qualifies: no step
             y = labels[draw(len(labels), p.gen_batch, labels)]
             z = noise(p.gen_batch, p.noise_dim, labels)
             feat = gen(z, y)
@@ -224,5 +247,5 @@ class FedGen(Algorithm):
 
     def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
         avg = weighted_average(uploads, uniform=self.params.weighting == "uniform")
-        gen, labels = self.train_generator(env, server, uploads)
+        gen, labels = self.train_generator(env, server, uploads, rnd)
         return {**server, **gen, "weights": avg, "labels": labels, "trained": True}
