@@ -576,7 +576,8 @@ def export_(
 
 analyze = typer.Typer(
     no_args_is_help=True,
-    help="Analyses of a config's federated setting (no training run).",
+    help="Analyses of a config's federated setting (similarity, privacy) or of a finished "
+    "run (features).",
 )
 app.add_typer(analyze, name="analyze")
 
@@ -667,7 +668,7 @@ def privacy(
         folder,
         attack=attack,
         rnd=round_,
-        victims=_victim_ids(victims),
+        victims=_client_ids(victims, "--victims"),
         iterations=iterations,
         batches=batches,
         batch_size=batch_size,
@@ -685,8 +686,9 @@ def privacy(
     out_console.print(f"written to {folder} (privacy.md, privacy.json, privacy.png)")
 
 
-def _victim_ids(text: str) -> int | list[int]:
-    """``--victims``: a count (``4``) or client ids (``0,3,7``; one id as ``7,``)."""
+def _client_ids(text: str, option: str) -> int | list[int]:
+    """``--victims``, ``--clients``: a count (``4``) or client ids (``0,3,7``; one id as
+    ``7,``)."""
     parts = [p.strip() for p in text.split(",")]
     try:
         if len(parts) == 1:
@@ -694,9 +696,60 @@ def _victim_ids(text: str) -> int | list[int]:
         return [int(p) for p in parts if p]
     except ValueError:
         raise PflkitError(
-            f"--victims '{text}' is not a count or a list of client ids: write e.g. "
-            "--victims 4 or --victims 0,3,7"
+            f"{option} '{text}' is not a count or a list of client ids: write e.g. "
+            f"{option} 4 or {option} 0,3,7"
         ) from None
+
+
+@analyze.command()
+def features(
+    run_dir: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A finished run's folder (its final state is kept when "
+            "output.checkpoint_every > 0).",
+            show_default=False,
+        ),
+    ] = None,
+    clients: Annotated[
+        str | None,
+        typer.Option(help="How many clients (the first N), or their ids: 0,3,7 (one id: 7,)."),
+    ] = None,
+    method: Annotated[
+        str, typer.Option(help="The projection: tsne (scikit-learn) or umap (umap-learn).")
+    ] = "tsne",
+    per_client: Annotated[
+        int, typer.Option(help="Test samples per client (a seeded choice; all if it has fewer).")
+    ] = 200,
+    seed: Annotated[int, typer.Option(help="Seeds the choice of samples and the projection.")] = 0,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Output folder (default: features-<run folder>)."),
+    ] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """GPFL's feature maps (§4.2, Fig. 2): each client's test features under its own evaluated
+    model, projected together to 2-D (colour: class, marker: client), with silhouette scores."""
+    from pflkit.analysis import feature_map
+    from pflkit.analysis.features import OUTPUTS
+
+    if run_dir is None:
+        raise PflkitError("give a finished run's folder: pflkit analyze features RUN_DIR --out DIR")
+    folder = out or Path(f"features-{run_dir.name}")
+    _usable_path(folder, "output folder")
+    res = feature_map(
+        run_dir,
+        folder,
+        clients=None if clients is None else _client_ids(clients, "--clients"),
+        method=method,
+        per_client=per_client,
+        seed=seed,
+        progress=None if quiet else lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    for space, scores in res["silhouette"].items():
+        shown = ", ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in scores.items())
+        out_console.print(f"silhouette on the {space}: {shown}", highlight=False)
+    out_console.print(f"written to {folder} ({', '.join(OUTPUTS)})", highlight=False)
 
 
 @app.command(name="list")

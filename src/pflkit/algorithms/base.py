@@ -43,6 +43,7 @@ from pflkit.algorithms.blocks.tree import weighted_sum
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
+from pflkit.models import PFLModel
 from pflkit.registry import Registry
 from pflkit.strict import StrictNumbers
 
@@ -146,6 +147,21 @@ class Algorithm:
         model = env.model()
         set_weights(model, weights)
         return model
+
+    def features(self, model: nn.Module, x: Tensor) -> Tensor:
+        """The features of ``x`` that the scoring ``model`` (:meth:`scoring_model`) classifies,
+        ``[B, K]``, for feature maps (``pflkit analyze features``, GPFL Fig. 2): by default the
+        body output of its :class:`~pflkit.models.PFLModel`, the model itself or the one a
+        scoring wrapper holds as ``model.model`` (FedProto's nearest prototype, FedRoD's two
+        heads). An algorithm that classifies something else overrides it (GPFL: its
+        personalized route)."""
+        inner = model if isinstance(model, PFLModel) else getattr(model, "model", None)
+        if not isinstance(inner, PFLModel):
+            raise PflkitError(
+                f"algorithm '{self.name}' scores a {type(model).__name__} without a body to "
+                "take features from: override the algorithm's features(model, x) (docs/guide.md)"
+            )
+        return inner.features(x)
 
     def trained_weights(
         self, env: ClientEnv, view: Payload, upload: Upload, state: State, ctx: RoundContext

@@ -184,8 +184,12 @@ class GPFLNet(nn.Module):
         super().__init__()
         self.model, self.gamma, self.beta = model, gamma, beta
 
+    def route(self, x: Tensor) -> Tensor:
+        """The personalized route f^P = CoV(phi(x), p_i) (Sec. 3.2), what the head classifies."""
+        return cov_apply(self.model.features(x), self.gamma, self.beta)
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.model.head(cov_apply(self.model.features(x), self.gamma, self.beta))
+        return self.model.head(self.route(x))
 
 
 # -- the algorithm ---------------------------------------------------------------------------------
@@ -340,6 +344,11 @@ class GPFL(Algorithm):
 
     def trained_weights(self, env, view, upload, state, ctx):
         return self._personal(env, upload["shared"], state)
+
+    def features(self, model: nn.Module, x: Tensor) -> Tensor:
+        """The personalized route f^P = CoV(phi(x), p_i) that psi_i classifies (GPFL Fig. 2's
+        features); the body output for the no-CoV ablation, which scores the plain model."""
+        return model.route(x) if isinstance(model, GPFLNet) else super().features(model, x)
 
     @torch.no_grad()
     def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:

@@ -87,7 +87,7 @@ from pflkit.analysis.similarity import check_out
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.data.sources import load_source
-from pflkit.engine.clients import InProcess, key_seed, seed_torch, system_draw
+from pflkit.engine.clients import InProcess, key_generator, seed_torch, system_draw
 from pflkit.engine.compare import _label, _normalise, _task, _unlabelled
 from pflkit.engine.folder import make_folder
 from pflkit.engine.simulation import Simulation, sample_clients
@@ -355,16 +355,11 @@ def _victims(
 def _batches(x: Tensor, y: Tensor, seed: int, cid: int, batches: int, size: int):
     """The victim's attacked batches: the first ``batches`` chunks of ``size`` of a permutation
     seeded by (seed, client), the same for every algorithm of that seed."""
-    perm = torch.randperm(len(y), generator=_generator(seed, cid, 0xBA)).to(y.device)
+    perm = torch.randperm(len(y), generator=key_generator(seed, cid, 0xBA)).to(y.device)
     return [
         (x[perm[i : i + size]], y[perm[i : i + size]])
         for i in range(0, min(len(y), batches * size), size)
     ]
-
-
-def _generator(*keys: int) -> torch.Generator:
-    """A CPU generator seeded by the integers ``keys`` (:func:`key_seed`)."""
-    return torch.Generator().manual_seed(key_seed(*keys))
 
 
 def privacy_study(
@@ -445,7 +440,7 @@ def privacy_study(
                     ):
                         originals = (x.cpu() * std + mean).clamp(0, 1)
                         start = torch.sigmoid(
-                            torch.randn(x.shape, generator=_generator(s, cid, b, 0xD1))
+                            torch.randn(x.shape, generator=key_generator(s, cid, b, 0xD1))
                         )
                         starts[(s, cid, b)] = psnr(originals, match_order(originals, start))
                         found = attack_batch(
@@ -562,7 +557,7 @@ def attack_batch(
             x.shape,
             out_shape,
             iterations=iterations,
-            gen=_generator(*key, 0xD1),
+            gen=key_generator(*key, 0xD1),
             to_input=lambda p: (p - mean) / std,
         )
         found[target] = (rec.detach().cpu(), loss)

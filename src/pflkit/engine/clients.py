@@ -62,6 +62,12 @@ def seed_torch(*keys: int) -> None:
     torch.manual_seed(key_seed(*keys))
 
 
+def key_generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded by the integers ``keys`` (:func:`key_seed`): a stream of its own
+    that leaves torch's global RNG alone."""
+    return torch.Generator().manual_seed(key_seed(*keys))
+
+
 def seed_eval(seed: int, rnd: int, cid: int, selected: bool = False) -> None:
     """Seed torch before a client's evaluation (its personalized model may be trained first,
     e.g. FedAvg-FT's fine-tuning), the same way in every engine."""
@@ -161,13 +167,31 @@ def evaluate_client(
     finetune_epochs: int = 0,
 ) -> dict[str, float]:
     """The client's accuracy on its local test split (``"test"``) and, when it has one
-    (``data.val_fraction``), on its local validation split (``"val"``): one set of weights,
-    its personalized model (``personal_weights``) or with ``upload`` MAP's protocol
-    (``trained_weights``), scored on both by the algorithm's
-    :meth:`~pflkit.algorithms.Algorithm.scoring_model` (default: the client's model). A client
-    whose personalized model is the global model is scored with ``view["weights"]``. With
-    ``finetune_epochs`` (``eval.finetune_epochs``) > 0 both are scored on a copy of that model
-    fine-tuned on the client's training split (:func:`finetune_for_eval`)."""
+    (``data.val_fraction``), on its local validation split (``"val"``), both scored by the
+    one model :func:`scored_model` gives."""
+    model, d = scored_model(algo, env, view, state, ctx, upload, finetune_epochs), env.data
+    acc = {"test": accuracy(model, d.test_x, d.test_y, batch_size)}
+    if d.val_y is not None:
+        acc["val"] = accuracy(model, d.val_x, d.val_y, batch_size)
+    return acc
+
+
+def scored_model(
+    algo: Algorithm,
+    env: ClientEnv,
+    view: Payload,
+    state: State,
+    ctx: RoundContext,
+    upload: Upload | None = None,
+    finetune_epochs: int = 0,
+) -> nn.Module:
+    """The module that evaluation scores for the client: its personalized model
+    (``personal_weights``) or with ``upload`` MAP's protocol (``trained_weights``), built by the
+    algorithm's :meth:`~pflkit.algorithms.Algorithm.scoring_model` (default: the client's
+    model). A client whose personalized model is the global model gets ``view["weights"]``.
+    With ``finetune_epochs`` (``eval.finetune_epochs``) > 0, a copy of that model fine-tuned on
+    the client's training split (:func:`finetune_for_eval`). Torch is seeded first
+    (:func:`seed_eval`), so every caller gets the same model."""
     selected = upload is not None
     seed_eval(ctx.seed, ctx.round, env.cid, selected)
     # ctx: personal_weights may train (FedAvg-FT's fine-tuning)
@@ -181,13 +205,10 @@ def evaluate_client(
                 f"{algo.name}: personal_weights returned None but there is no global model"
             )
         weights = view["weights"]
-    model, d = algo.scoring_model(env, weights), env.data
+    model = algo.scoring_model(env, weights)
     if finetune_epochs:
         model = finetune_for_eval(model, env, ctx, finetune_epochs, selected)
-    acc = {"test": accuracy(model, d.test_x, d.test_y, batch_size)}
-    if d.val_y is not None:
-        acc["val"] = accuracy(model, d.val_x, d.val_y, batch_size)
-    return acc
+    return model
 
 
 def finetune_for_eval(

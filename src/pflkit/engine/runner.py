@@ -6,7 +6,9 @@ A run folder holds::
     metrics.jsonl        one JSON line per round
     summary.json         written when the run completes
     curves.png           accuracy and loss curves
-    checkpoints/latest.pt  when output.checkpoint_every > 0, or after an interrupt
+    checkpoints/latest.pt  when output.checkpoint_every > 0 (then always of the last round:
+                         a finished run keeps its final state, :func:`load_finished`), or
+                         after an interrupt
 
 Everything that can fail because of user input (config, data, model, algorithm parameters)
 is checked before the folder is created.
@@ -28,7 +30,7 @@ from typing import Any
 
 from pflkit.config import ExperimentConfig, TrainConfig, apply_overrides, read_yaml, resolve_device
 from pflkit.data.federated import FederatedDataset
-from pflkit.engine.clients import ClientRunner
+from pflkit.engine.clients import ClientRunner, InProcess
 from pflkit.engine.folder import (
     LOCK,
     RESUMABLE,
@@ -104,6 +106,62 @@ def resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
             f"'{run_dir}' is not a pflkit run folder (no config.yaml): check the path"
         )
     return validate(apply_overrides(read_yaml(run_dir / "config.yaml"), overrides))
+
+
+def load_finished(run_dir: Path) -> Simulation:
+    """The simulation of the finished run in ``run_dir`` at its final state: built from its
+    ``config.yaml`` (data, models, algorithm; client work in this process) and restored from
+    its checkpoint, which is the last round's when ``output.checkpoint_every`` > 0 (it is
+    kept when the run ends). Anything else is one sentence naming the fix: a path that is not
+    a run folder, a run that has not finished, one that kept no checkpoint. Close it after use."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise PflkitError(f"'{run_dir}' does not exist: give the folder of a finished run")
+    if not run_dir.is_dir():
+        raise PflkitError(f"'{run_dir}' is a file, not a run folder: give a run's folder")
+    if not (run_dir / "config.yaml").exists():
+        from pflkit.report.results import PLAN
+
+        runs = sorted(p.name for p in run_dir.iterdir() if (p / "config.yaml").exists())
+        if (run_dir / PLAN).exists() and runs:
+            raise PflkitError(
+                f"'{run_dir}' is a compare or sweep folder: give one of its run folders, "
+                f"e.g. {run_dir / runs[0]}"
+            )
+        raise PflkitError(
+            f"'{run_dir}' is not a pflkit run folder (no config.yaml): check the path"
+        )
+    cfg = resume_config(run_dir, [])
+    ckpt, rounds = run_dir / CHECKPOINT, cfg.train.rounds
+    if not (run_dir / "summary.json").exists():
+        raise PflkitError(
+            f"the run in '{run_dir}' has not finished (no summary.json): finish it with "
+            f"pflkit run --resume {run_dir}"
+        )
+    if not ckpt.exists():
+        raise PflkitError(
+            f"the run in '{run_dir}' kept no final state (no {CHECKPOINT}: "
+            "output.checkpoint_every was 0): run it again with --set output.checkpoint_every="
+            f"{rounds} (any value above 0 keeps the last round's)"
+        )
+    sim = Simulation(cfg, runner=InProcess())
+    try:
+        sim.restore(
+            ckpt,
+            (
+                fingerprint(cfg, sim.data.partition_id),
+                fingerprint(cfg, sim.data.partition_id, legacy=True),
+            ),
+        )
+        if sim.round != rounds:
+            raise PflkitError(
+                f"the checkpoint of '{run_dir}' is of round {sim.round}, not of the run's last "
+                f"round {rounds}: finish the run with pflkit run --resume {run_dir}"
+            )
+    except BaseException:
+        sim.close()
+        raise
+    return sim
 
 
 def run_experiment(

@@ -272,3 +272,51 @@ def plot_run(metrics: list[dict], path: Path, title: str = "") -> None:
     if title:
         fig.suptitle(title, fontsize=10)
     _save(fig, path)
+
+
+# marker per client in feature maps (filled shapes, told apart at a small size)
+_MARKERS = "os^vDP*Xp<>hH8d"
+
+
+def plot_feature_map(
+    points: np.ndarray,
+    classes: np.ndarray,
+    clients: np.ndarray,
+    path: Path,
+    title: str = "",
+    class_names: Sequence[str] | None = None,
+) -> None:
+    """2-D points of a feature map (``pflkit analyze features``, GPFL Fig. 2): colour by class,
+    marker by client (markers repeat after 15 clients, colours after 20 classes), one legend
+    each, outside the axes."""
+    from matplotlib.lines import Line2D
+
+    fig = _new_figure(8.5, 6.5)
+    ax = fig.subplots()
+    labels, owners = sorted(set(classes.tolist())), sorted(set(clients.tolist()))
+    colour = dict(zip(labels, _colours(len(labels)), strict=True))
+    marker = {c: _MARKERS[i % len(_MARKERS)] for i, c in enumerate(owners)}
+    for c in owners:
+        for k in labels:
+            m = (clients == c) & (classes == k)
+            if m.any():
+                ax.scatter(*points[m].T, s=12, color=colour[k], marker=marker[c], linewidths=0)
+
+    def handle(m: str, c: Any, label: str) -> Line2D:
+        return Line2D([], [], marker=m, linestyle="", color=c, label=label)
+
+    names = list(class_names or [])
+    shown = {k: f"{k} {names[k]}" if names[k:] and names[k] != str(k) else str(k) for k in labels}
+    by_class = [handle("o", colour[k], shown[k]) for k in labels]
+    by_client = [handle(marker[c], "0.35", f"cid {c}") for c in owners]
+    first = ax.legend(
+        handles=by_class, title="class", fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)
+    )
+    ax.add_artist(first)
+    ax.legend(
+        handles=by_client, title="client", fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0)
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+    _save(fig, path)

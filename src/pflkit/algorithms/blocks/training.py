@@ -248,8 +248,14 @@ def steps_per_epoch(n: int, batch_size: int, drop_last: bool = False) -> int:
 
 
 @torch.inference_mode()
-def predict(model: nn.Module, x: Tensor, batch_size: int = 250) -> Tensor:
-    """Logits of ``model`` on ``x`` in eval mode, in batches of exactly ``min(len(x),
+def predict(
+    model: nn.Module,
+    x: Tensor,
+    batch_size: int = 250,
+    forward: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """Logits of ``model`` (or what ``forward`` computes with it, e.g. its features) on ``x``
+    in eval mode, in batches of exactly ``min(len(x),
     batch_size)`` samples: the last batch is the last ``batch_size`` samples (overlapping the
     one before), of which it keeps the new rows. No sample is computed in a small remainder
     batch, whose kernels can round differently; with one torch thread every model in the zoo
@@ -257,11 +263,12 @@ def predict(model: nn.Module, x: Tensor, batch_size: int = 250) -> Tensor:
     (tests/test_models.py), and the demo's runs the same metrics at 250 and 1,000, so
     ``eval.batch_size`` is a speed setting."""
     model.eval()
+    fn = model if forward is None else forward
     n = len(x)
     if n <= batch_size:
-        return model(x)
+        return fn(x)
     starts = [*range(0, n - batch_size, batch_size), n - batch_size]
-    out = [model(x[i : i + batch_size]) for i in starts]
+    out = [fn(x[i : i + batch_size]) for i in starts]
     covered = (len(starts) - 1) * batch_size  # rows before the last window's new ones
     out[-1] = out[-1][covered - starts[-1] :]
     return torch.cat(out)
