@@ -348,3 +348,24 @@ def test_missing_pillow_is_one_sentence(cli, data_root, tmp_path, monkeypatch):
         "error: dataset 'domainnet' needs Pillow to read its JPEG files, which is not "
         "installed; run `pip install pillow`\n"
     ), r.stderr
+
+
+def test_table8_config_states_the_papers_setting():
+    """configs/pfedsim/domainnet.yaml (not run): App. B.3's data and model, 12 methods x 5
+    seeds; natural clients = 6 domains x clients_per_domain."""
+    from pflkit.engine.compare import compare_plan
+    from pflkit.experiment import load_config
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "pfedsim" / "domainnet.yaml")
+    opts = cfg.data.options
+    assert cfg.data.dataset == "domainnet" and cfg.data.partition == {"name": "natural"}
+    assert (opts["classes"], opts["fraction"], opts["image_size"]) == (20, 0.3, 64)
+    assert opts["class_seed"] == 42 and opts["split"] == "pool"
+    assert cfg.data.num_clients == len(DOMAINS) * opts["clients_per_domain"] == 120
+    assert cfg.data.test_fraction == 0.5
+    assert cfg.model.name == "mobilenet_v2" and cfg.model.options["pretrained"]
+    t = cfg.train
+    assert (t.rounds, t.client_fraction, t.local_epochs, t.batch_size, t.lr) == (
+        200, 0.1, 5, 32, 0.01
+    )  # fmt: skip
+    assert cfg.compare.seeds == [0, 1, 2, 3, 4] and len(compare_plan(cfg)) == 12
