@@ -9,8 +9,8 @@ Federated Learning", App. B.3; specs/pfedsim.md §4.3).
     ``data/download/domain.sh`` fetches from http://csr.bu.edu/ftp/visda/2019/multi-source/)
     and, for ``split: official``, the official split files ``<domain>_train.txt`` /
     ``<domain>_test.txt`` beside them (lines ``clipart/aircraft_carrier/clipart_001_000018.jpg
-    0``; their label column is not read). pflkit does not download DomainNet (six zips, about
-    20 GB, without published checksums).
+    0``; their label column is not read). pflkit does not download DomainNet (six large zips
+    without published checksums).
 
     Sampling (FL-bench ``data/domain/preprocess.py``, identical at 9382b2c, the commit that
     added pFedSim, and at 06e658b; line numbers of 06e658b), with one ``random.Random(class_seed)``
