@@ -203,10 +203,15 @@ def test_cache_is_reused_refreshed_and_optional(data_root, monkeypatch):
     load_source("domainnet", root=data_root, classes=2, image_size=16)
     assert len(calls) == 1 and len(list(cache.iterdir())) == 2
 
-    # an image written again (new modification time) makes the entry stale
+    # an image written again makes the entry stale, even at the same size (JPEG readers
+    # ignore bytes after the end marker: only the modification time tells)
     changed = sorted((home / "real" / first.class_names[0]).iterdir())[0]
+    old = changed.stat()
     Image.fromarray(np.full((9, 9, 3), 250, np.uint8)).save(changed, format="JPEG")
-    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    data = changed.read_bytes()
+    assert len(data) < old.st_size
+    changed.write_bytes(data + b"\0" * (old.st_size - len(data)))
+    os.utime(changed, ns=(old.st_atime_ns, old.st_mtime_ns + 10**9))
     clear_cache()
     new = load_source("domainnet", root=data_root, classes=3, image_size=16)
     assert calls[-1] == first.num_train and not torch.equal(new.train_x, first.train_x)
