@@ -1,5 +1,6 @@
 """MobileNetV2 (Sandler et al., "MobileNetV2: Inverted Residuals and Linear Bottlenecks", CVPR
-2018) as torchvision builds ``mobilenet_v2()`` (width 1.0): pFedSim's model for Tiny-ImageNet
+2018) as torchvision builds ``mobilenet_v2()`` with width 1.0 (``torchvision/models/
+mobilenetv2.py`` gives the layers, their names and the init): pFedSim's model for Tiny-ImageNet
 and DomainNet (paper App. A.4, Table 9; specs/pfedsim.md §4.4), which FL-bench takes from
 torchvision (``src/utils/models.py`` lines 363-380 at 06e658b; ``src/config/models.py``
 ``MobileNetV2`` at 9382b2c, ImageNet weights IMAGENET1K_V2).
@@ -16,6 +17,10 @@ projection convs have no activation; spec §4.4):
 - Conv 1x1 (320 -> 1280) + BN + ReLU6, adaptive average pool to 1x1, flatten, Dropout(0.2)
   [end of body: FL-bench replaces torchvision's ``classifier[1]`` by ``Identity``, so the
   dropout belongs to the extractor], head Linear(1280 -> num_classes).
+
+Inputs: 3 x H x W with H, W >= 32. Below 64 px the last blocks run at 1 x 1, where BatchNorm in
+training mode fails on a one-sample batch (a client's last batch can have one sample; pflkit
+does not skip it, FL-bench does); pFedSim's Tiny-ImageNet and DomainNet are 64 x 64.
 
 Convolutions have no bias. Module names under ``body`` are torchvision's (``features.0.0`` is
 the stem conv, ``features.1.conv.0.0`` the first depthwise conv, ``features.18.1`` the last
