@@ -36,6 +36,8 @@ CASES = [
     # gpfl.md §4.3: torchvision resnet18, body about 11.18M
     ("resnet18", (3, 64, 64), 200, {"stem": "imagenet"}, 512, 11_176_512, 102_600, True),
     ("lenet5_bn", (3, 32, 32), 10, {}, 84, 61_200, 850, True),
+    # torchvision's published 3,504,872 with 1000 classes, less its head (1,281,000)
+    ("mobilenet_v2", (3, 64, 64), 20, {}, 1280, 2_223_872, 25_620, True),
     ("lenet5_bn", (1, 28, 28), 62, {"fc_relu": True}, 84, 43_620, 5_270, True),
     # ktpfl.md §4: 44,726 trainable parameters (3x28x28 input, 10 classes)
     ("lenet5", (3, 28, 28), 10, {}, 84, 43_876, 850, True),

@@ -107,6 +107,7 @@ def test_registry_names_and_descriptions():
         "digits",
         "synthetic",
         "tiny_imagenet",
+        "domainnet",
         "har",
         "ag_news",
         "amazon_review",

@@ -10,11 +10,13 @@ on this module; it imports none of them.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import inspect
 import math
 import os
 import shutil
 import string
+import sys
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
@@ -211,6 +213,121 @@ def _rgb_to_tensor(images: np.ndarray, mean: Sequence[float], std: Sequence[floa
     m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
     return x.sub_(m).div_(s)
+
+
+# --------------------------------------------------------------------------------------------
+# Image files read with Pillow, and their decoded-pixel cache (Tiny-ImageNet, DomainNet)
+# --------------------------------------------------------------------------------------------
+
+
+def _pillow_reader(ds: str, side: int | None = None) -> Callable[[Path], np.ndarray]:
+    """``path -> uint8 [H, W, 3]`` read with Pillow: any mode becomes RGB (``convert("RGB")``:
+    greyscale replicated), then, with ``side``, the image is scaled to ``side x side`` with
+    Pillow's bilinear filter, which is what torchvision's ``Resize`` does to a PIL image."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise PflkitError(
+            f"dataset '{ds}' needs Pillow to read its JPEG files, which is not installed; run "
+            "`pip install pillow`"
+        ) from None
+
+    def read(path: Path) -> np.ndarray:
+        with Image.open(path) as im:
+            rgb = im.convert("RGB")
+        if side is not None:
+            rgb = rgb.resize((side, side), Image.Resampling.BILINEAR)
+        return np.asarray(rgb)
+
+    return read
+
+
+def _pixel_cache_key(
+    tag: str, base: Path, files: Sequence[Path], labels: np.ndarray, what: str, hint: str
+) -> str:
+    """SHA-256 of ``tag`` (the source and the cache format), the labels and every file's path
+    relative to ``base``, size and modification time."""
+    h = hashlib.sha256(f"pflkit {tag}\n".encode())
+    h.update(np.ascontiguousarray(labels, dtype=np.int64).tobytes())
+    for path in files:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise PflkitError(f"{what} image {path} is missing; {hint}") from None
+        h.update(f"{path.relative_to(base).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _read_pixel_cache(path: Path, key: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The cached uint8 pixels if ``path`` is a readable entry for ``key`` of ``shape``."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) != key:
+                return None
+            x = z["x"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
+        return None  # absent, truncated or damaged: decode again
+    if x.dtype != np.uint8 or x.shape != shape:
+        return None
+    return x
+
+
+def _write_pixel_cache(path: Path, key: str, x: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.part-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, x=x, key=np.array(key))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the cache is an optimisation: a read-only or full disk must not fail the load
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class _ImageFiles:
+    """Image files to decode into uint8 ``[N, 3, side, side]``, and how to name them in
+    messages: ``what`` (e.g. "Tiny-ImageNet") and ``hint`` (the fix for a missing file)."""
+
+    base: Path  # the folder the files' cache-key paths are relative to
+    files: Sequence[Path]
+    labels: np.ndarray
+    side: int
+    what: str
+    hint: str
+
+
+def _cached_pixels(
+    images: _ImageFiles,
+    cache: Path | None,
+    tag: str,
+    decode: Callable[[Sequence[Path]], np.ndarray],
+) -> np.ndarray:
+    """``decode(images.files)``, kept in the ``.npz`` file ``cache`` (``None``: no cache).
+
+    A cache entry is used only if its key (:func:`_pixel_cache_key` of ``tag``, the labels and
+    every file's relative path, size and modification time) matches the files on disk; a
+    stale, truncated or unreadable entry is decoded again and rewritten."""
+    shape = (len(images.files), 3, images.side, images.side)
+    key = ""
+    if cache is not None:
+        key = _pixel_cache_key(
+            tag, images.base, images.files, images.labels, images.what, images.hint
+        )
+        x = _read_pixel_cache(cache, key, shape)
+        if x is not None:
+            return x
+    if len(images.files) > 5000:
+        where = f"; cached in {cache}" if cache is not None else ""
+        print(
+            f"decoding {len(images.files)} {images.what} images in {images.base}{where}",
+            file=sys.stderr,
+        )
+    x = decode(images.files)
+    if cache is not None:
+        _write_pixel_cache(cache, key, x)
+    return x
 
 
 # --------------------------------------------------------------------------------------------

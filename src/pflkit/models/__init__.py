@@ -14,6 +14,7 @@ or an author's code; the docstrings of the factory functions give the layers.
 | ``cnn4`` | PFLlib ``FedAvgCNN`` (GPFL) | ``cnn.py`` |
 | ``resnet18`` | KT-pFL code (cifar stem), torchvision (imagenet stem, GPFL) | ``resnet.py`` |
 | ``lenet5_bn`` | pFedSim paper Table 5 / FL-bench code | ``cnn.py`` |
+| ``mobilenet_v2`` | torchvision's MobileNetV2 (pFedSim, FL-bench code) | ``mobilenet.py`` |
 | ``lenet5`` | KT-pFL code's LeNet | ``cnn.py`` |
 | ``fedproto_cnn`` | FedProto code (pFedPM) | ``cnn.py`` |
 | ``har_cnn`` | GPFL/PFLlib code's HARCNN (UCI HAR) | ``har.py`` |

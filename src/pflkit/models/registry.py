@@ -12,6 +12,7 @@ from pflkit.models.cnn import cnn4, fedproto_cnn, femnist_cnn, lenet5, lenet5_bn
 from pflkit.models.har import har_cnn
 from pflkit.models.hetero import ENTRIES as HETERO_ENTRIES
 from pflkit.models.mlp import map_mlpnet, mlp
+from pflkit.models.mobilenet import mobilenet_v2
 from pflkit.models.resnet import resnet18, resnet20, resnet56
 from pflkit.models.text import amazon_mlp, fasttext
 from pflkit.models.vgg import vgg8, vgg8_bn, vgg11
@@ -84,6 +85,13 @@ _ENTRIES = [
         "pFedSim's LeNet5 with BN (paper Table 5 / FL-bench 2023 code); option fc_relu adds "
         "FL-bench's 2024 ReLU after FC 84",
         lenet5_bn,
+    ),
+    ModelInfo(
+        "mobilenet_v2",
+        "torchvision's MobileNetV2 (pFedSim paper Table 9 / FL-bench code): inverted residuals "
+        "to 1280, pool, dropout 0.2 (feature), linear head; option pretrained: a local "
+        "torchvision state dict file (ImageNet weights)",
+        mobilenet_v2,
     ),
     ModelInfo(
         "lenet5",

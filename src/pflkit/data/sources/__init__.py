@@ -12,12 +12,14 @@ Where the files are looked for: ``<root>/<name>/`` where ``root`` defaults to
 :func:`default_data_root` (``$PFLKIT_DATA`` or ``~/.cache/pflkit/data``); Fashion-MNIST is also
 found where Debian's ``dataset-fashion-mnist`` package installs it. Missing files are
 downloaded from the official mirrors and verified by checksum (see
-:mod:`pflkit.data.download`); FEMNIST must be generated with LEAF's scripts.
+:mod:`pflkit.data.download`); FEMNIST must be generated with LEAF's scripts, and DomainNet
+(and Amazon Review) put in place by hand.
 
 Preprocessing (fixed, so every algorithm sees the same inputs): images keep their native
-resolution and become float32 ``[N, C, H, W]``; grayscale pixels are mapped with
-``(x/255 - 0.5)/0.5`` to [-1, 1]; CIFAR-10, CIFAR-100 and CINIC-10 are normalised with their
-per-channel mean and std (recorded in ``Source.mean``/``Source.std``). Labels are int64.
+resolution (DomainNet's are resized to its option ``image_size``) and become float32
+``[N, C, H, W]``; grayscale pixels are mapped with ``(x/255 - 0.5)/0.5`` to [-1, 1]; CIFAR-10,
+CIFAR-100, CINIC-10 and DomainNet are normalised with a per-channel mean and std (recorded in
+``Source.mean``/``Source.std``). Labels are int64.
 
 Loads are cached in-process (:func:`clear_cache` empties the cache): repeated calls with the same
 arguments return new :class:`Source` objects that **share the same tensors**. Treat the tensors
@@ -35,6 +37,7 @@ cache; the loaders live in one module per source family, each ending with its ``
 - :mod:`~pflkit.data.sources.synthetic`: ``synthetic`` (FedProx's Synthetic(alpha, beta));
 - :mod:`~pflkit.data.sources.text`: ``ag_news``, ``amazon_review``;
 - :mod:`~pflkit.data.sources.tiny_imagenet`: ``tiny_imagenet``;
+- :mod:`~pflkit.data.sources.domainnet`: ``domainnet`` (local files only);
 - :mod:`~pflkit.data.sources.har`: ``har`` (UCI HAR).
 
 :class:`Source`, :class:`SourceInfo` and the helpers several families share live in
@@ -50,7 +53,17 @@ from pathlib import Path
 from typing import Any
 
 from pflkit.data.base import Source, SourceInfo
-from pflkit.data.sources import bundled, cifar, har, idx, leaf, synthetic, text, tiny_imagenet
+from pflkit.data.sources import (
+    bundled,
+    cifar,
+    domainnet,
+    har,
+    idx,
+    leaf,
+    synthetic,
+    text,
+    tiny_imagenet,
+)
 from pflkit.errors import PflkitError
 from pflkit.registry import Registry
 
@@ -163,6 +176,7 @@ SOURCES: Registry[SourceInfo] = Registry(
         *synthetic.ENTRIES,
         *text.ENTRIES,
         *tiny_imagenet.ENTRIES,
+        *domainnet.ENTRIES,
         *har.ENTRIES,
     ],
 )

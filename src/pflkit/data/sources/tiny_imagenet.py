@@ -38,12 +38,7 @@ Errors (missing or damaged files, wrong shapes, labels out of range) are one
 
 from __future__ import annotations
 
-import hashlib
-import os
-import sys
-import zipfile
-import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,13 +48,16 @@ from pflkit.data import download as dl
 from pflkit.data.base import (
     Source,
     SourceInfo,
+    _cached_pixels,
     _corrupt,
     _decode_images,
     _extract,
     _first_parts,
+    _ImageFiles,
     _missing,
     _opt_bool,
     _opt_mirrors,
+    _pillow_reader,
     _rgb_to_tensor,
 )
 from pflkit.errors import PflkitError
@@ -161,82 +159,17 @@ def _tiny_val_files(base: Path, index: dict[str, int]) -> tuple[list[Path], np.n
     return files, np.asarray(labels, dtype=np.int64)
 
 
-def _jpeg_reader() -> Callable[[Path], np.ndarray]:
-    try:
-        from PIL import Image
-    except ImportError:
-        raise PflkitError(
-            "dataset 'tiny_imagenet' needs Pillow to read its JPEG files, which is not "
-            "installed; run `pip install pillow`"
-        ) from None
-
-    def read(path: Path) -> np.ndarray:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))  # greyscale / CMYK JPEGs become RGB
-
-    return read
-
-
 def _decode_jpegs(files: Sequence[Path]) -> np.ndarray:
     """uint8 [N, 3, 64, 64] from the JPEG files."""
-    return _decode_images(files, _jpeg_reader(), TINY_SIDE, "JPEG", "Tiny-ImageNet", _REEXTRACT)
-
-
-def _cache_key(base: Path, files: Sequence[Path], labels: np.ndarray) -> str:
-    """SHA-256 of every file's relative path, size and mtime, the labels and the format."""
-    h = hashlib.sha256(f"pflkit tiny_imagenet cache v{_CACHE_VERSION}\n".encode())
-    h.update(np.ascontiguousarray(labels, dtype=np.int64).tobytes())
-    for path in files:
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            raise PflkitError(f"Tiny-ImageNet image {path} is missing; {_REEXTRACT}") from None
-        h.update(f"{path.relative_to(base).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
-
-
-def _read_cache(path: Path, key: str, n: int) -> np.ndarray | None:
-    """The cached pixels if ``path`` is a readable entry for ``key`` with ``n`` images."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["key"]) != key:
-                return None
-            x = z["x"]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
-        return None  # absent, truncated or damaged: decode again
-    if x.dtype != np.uint8 or x.shape != (n, 3, TINY_SIDE, TINY_SIDE):
-        return None
-    return x
-
-
-def _write_cache(path: Path, key: str, x: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.part-{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.savez(f, x=x, key=np.array(key))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # the cache is an optimisation: a read-only or full disk must not fail the load
-    finally:
-        tmp.unlink(missing_ok=True)
+    read = _pillow_reader(TINY)
+    return _decode_images(files, read, TINY_SIDE, "JPEG", "Tiny-ImageNet", _REEXTRACT)
 
 
 def _tiny_pixels(
     base: Path, files: Sequence[Path], labels: np.ndarray, cache: Path | None
 ) -> np.ndarray:
-    key = _cache_key(base, files, labels) if cache is not None else ""
-    if cache is not None:
-        x = _read_cache(cache, key, len(files))
-        if x is not None:
-            return x
-    if len(files) > 5000:
-        where = f"; cached in {cache}" if cache is not None else ""
-        print(f"decoding {len(files)} Tiny-ImageNet images in {base}{where}", file=sys.stderr)
-    x = _decode_jpegs(files)
-    if cache is not None:
-        _write_cache(cache, key, x)
-    return x
+    images = _ImageFiles(base, files, labels, TINY_SIDE, "Tiny-ImageNet", _REEXTRACT)
+    return _cached_pixels(images, cache, f"tiny_imagenet cache v{_CACHE_VERSION}", _decode_jpegs)
 
 
 def _load_tiny_imagenet(
