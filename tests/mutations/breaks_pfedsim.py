@@ -392,7 +392,10 @@ BREAKS = [
         "algorithms/fedgen.py",
         'opt.param_groups[0]["lr"] = p.gen_lr * p.gen_lr_decay ** (rnd - 1)',
         'opt.param_groups[0]["lr"] = p.gen_lr',
-        (GEN + "test_gen_lr_decay_scales_the_generators_adam_step_by_decay_to_the_round_minus_one",),
+        (
+            GEN
+            + "test_gen_lr_decay_scales_the_generators_adam_step_by_decay_to_the_round_minus_one",
+        ),
     ),
     Break(
         "fedgen",
@@ -400,7 +403,10 @@ BREAKS = [
         "algorithms/fedgen.py",
         "labels = torch.nonzero(counts.sum(0) / len(ups) > 1).flatten()",
         "labels = torch.nonzero(counts.sum(0) / len(ups) >= 1).flatten()",
-        (GEN + "test_gen_labels_round_keeps_the_labels_whose_mean_count_over_the_round_exceeds_one",),
+        (
+            GEN
+            + "test_gen_labels_round_keeps_the_labels_whose_mean_count_over_the_round_exceeds_one",
+        ),
     ),
     Break(
         "fedgen",
@@ -408,7 +414,10 @@ BREAKS = [
         "algorithms/fedgen.py",
         '.train(p.client_gen_mode == "train")',
         ".eval()",
-        (GEN + "test_client_gen_mode_train_normalises_each_generated_batch_and_skips_one_sample_batches",),
+        (
+            GEN
+            + "test_client_gen_mode_train_normalises_each_generated_batch_and_skips_one_sample_batches",
+        ),
     ),
     # -- FedDyn --------------------------------------------------------------------------------------
     Break(
