@@ -8,6 +8,7 @@
 # run again), and keeps every finished run's record in KEEP (benchmarks/keep_runs.sh) every
 # two minutes and at the end, also when stopped (SIGINT/SIGTERM: the compare stops at the end
 # of its current rounds, interrupted runs keep their checkpoints). Commit KEEP to keep the runs.
+# PFLKIT_COMMAND=sweep runs `pflkit sweep` instead (a sweep folder keeps and continues alike).
 set -euo pipefail
 if [[ $# -lt 3 ]]; then
     echo "usage: benchmarks/compare_kept.sh KEEP OUT CONFIG [pflkit compare options...]" >&2
@@ -24,7 +25,7 @@ fi
 (while sleep 120; do "$here/keep_runs.sh" "$keep" "$out" || true; done) >/dev/null 2>&1 &
 keeper=$!
 trap 'kill $keeper 2>/dev/null || true; if [[ -d $out ]]; then "$here/keep_runs.sh" "$keep" "$out"; fi' EXIT
-"$PFLKIT" compare "$config" --out "$out" "$@" &
+"$PFLKIT" "${PFLKIT_COMMAND:-compare}" "$config" --out "$out" "$@" &
 compare=$!
 trap 'kill -TERM $compare 2>/dev/null' INT TERM  # compare stops at the end of its rounds
 status=0

@@ -480,3 +480,35 @@ def test_compare_kept_goes_on_from_the_kept_runs(tmp_path):
         "fedavg-s0",
         "local-s0",
     ]
+
+
+def test_compare_kept_runs_a_sweep_with_pflkit_command_sweep(tmp_path):
+    """``PFLKIT_COMMAND=sweep``: the same keeping and continuing for a ``pflkit sweep``; the
+    second call runs only the grid point the first did not (its first point is kept)."""
+    script = Path(__file__).parents[1] / "benchmarks" / "compare_kept.sh"
+    cfg = tiny_config(
+        train={"rounds": 2},
+        compare={"algorithms": ["fedprox"], "seeds": [0]},
+        sweep={"grid": {"algorithm.mu": [0.1]}, "select": "none"},
+    )
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(cfg))
+    env = {
+        "PFLKIT": str(Path(sys.executable).parent / "pflkit"),
+        "PATH": "/usr/bin:/bin",
+        "PFLKIT_COMMAND": "sweep",
+    }
+
+    def sweep(*extra: str) -> subprocess.CompletedProcess:
+        args = ["bash", str(script), "kept", "runs/s", "s.yaml", "-q", *extra]
+        return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    first = sweep()
+    assert first.returncode == 0 and "kept 1 new run(s)" in first.stdout, first.stderr
+    shutil.rmtree(tmp_path / "runs")
+    second = sweep("--grid", "algorithm.mu=[0.1,0.5]")
+    assert second.returncode == 0 and "kept 1 new run(s)" in second.stdout, second.stderr
+    assert not (tmp_path / "runs" / "s" / "fedprox(mu=0.1)-s0" / "run.log").exists()
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir() if p.is_dir()) == [
+        "fedprox(mu=0.1)-s0",
+        "fedprox(mu=0.5)-s0",
+    ]
