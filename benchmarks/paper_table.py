@@ -6,10 +6,13 @@ COLUMN is one of :data:`COLUMNS`: ``map/fmnist_lenet`` and ``map/fmnist_mlpnet``
 I-II), ``ktpfl/fmnist20`` (KT-pFL Table 2, Fashion-MNIST, 20 clients), ``pfedsim/dir01`` and
 ``pfedsim/dir05`` (pFedSim Table 3, against its EMNIST columns), ``gpfl/fmnist_pat`` and
 ``gpfl/fmnist_prac`` (GPFL Table 1's Fashion-MNIST columns), ``pfedpm/fmnist_n3``, ``_n4``,
-``_n5`` (pFedPM Table I's MNIST columns). FOLDER: compare folders,
+``_n5`` (pFedPM Table I's MNIST columns), ``pfedsim/rho_dir01`` (pFedSim Table 6, rho, against
+its EMNIST Dir(0.1) column) and ``gpfl/ablation_prac`` (GPFL Table 6's ablations, TINY*).
+FOLDER: compare folders,
 ``benchmarks/map_repro.sh``'s folder, or a folder of kept runs (``benchmarks/keep_runs.sh``);
 every ``<label>-s<seed>/summary.json`` under them is read. A label's method is its name before
-any ``(options)``, e.g. ``pfedme(personal_lr=0.01)`` is pFedMe.
+any ``(options)``, e.g. ``pfedme(personal_lr=0.01)`` is pFedMe; a column whose rows are
+settings of one method (a sweep, an ablation) lists whole labels, which match first.
 
 For each metric of the column, a markdown table: ours as mean ± std over seeds of the last round
 and of the mean over the last ``eval.last`` rounds (``mean_last``), the paper's number, and the
@@ -180,6 +183,36 @@ COLUMNS["gpfl/fmnist_prac"] = Column(
     "GPFL Table 1 reproduction, Fashion-MNIST prLS", "gpfl", GPFL_METRICS, _cells(_GPFL_FMNIST, 1)
 )
 
+# pFedSim Table 6 (B.1), the effect of rho, EMNIST (LeNet5) Dir(0.1) (specs/pfedsim.md §6): one
+# row per swept warmup_ratio (configs/pfedsim/fmnist_dir01_rho.yaml's labels), against the
+# default 0.5; rho = 1 is FedAvg for every round
+_RHO = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+_RHO_EMNIST01 = (94.91, 95.12, 95.49, 95.70, 95.81, 92.89, 75.27)
+COLUMNS["pfedsim/rho_dir01"] = Column(
+    "pFedSim Table 6 reproduction (rho), Fashion-MNIST Dir(0.1); paper: EMNIST Dir(0.1)",
+    "pfedsim(warmup_ratio=0.5)",
+    PFEDSIM_METRICS[:1],
+    {f"pfedsim(warmup_ratio={r})": (v,) for r, v in zip(_RHO, _RHO_EMNIST01, strict=True)},
+)
+
+# GPFL Table 6, ablations on TINY* (ResNet-18, Tiny-ImageNet, practical; specs/gpfl.md §6):
+# the labels of configs/gpfl/fmnist_practical_cpu_ablation.yaml, GPFL and FedPer from the fair
+# arm (configs/gpfl/fmnist_practical_cpu.yaml)
+_GPFL = "gpfl(lam=0.01,mu=0.1"
+COLUMNS["gpfl/ablation_prac"] = Column(
+    "GPFL Table 6 reproduction (ablations), Fashion-MNIST prLS; paper: TINY*",
+    f"{_GPFL})",
+    GPFL_METRICS,
+    {
+        f"{_GPFL})": (43.70,),
+        f"{_GPFL},use_pci=False)": (42.74,),
+        f"{_GPFL},use_cov=False)": (40.23,),
+        f"{_GPFL},use_mlg=False)": (41.72,),
+        f"{_GPFL},use_gce=False)": (39.48,),
+        "fedper": (38.45,),
+    },
+)
+
 # pFedPM Table I, MNIST, stdev 2, n = 3 / 4 / 5 (specs/pfedpm.md §6.1): the test accuracy averaged
 # over the 20 clients (pers_acc_mean). Its baseline rows are FedProto's Table 1 copied (§6.3),
 # so FedProto's own row there is given too. pFedPM-mh runs under the compare label pfedpm-mh
@@ -220,6 +253,12 @@ def method(label: str) -> str:
     return label.split("(", 1)[0]
 
 
+def paper_key(col: Column, label: str) -> str | None:
+    """The row of ``col.paper`` a run label belongs to: the label itself where the column
+    lists settings of one method (a sweep's or an ablation's labels), else its method."""
+    return label if label in col.paper else method(label) if method(label) in col.paper else None
+
+
 def main() -> None:
     args = sys.argv[1:]
     out_json = None
@@ -238,8 +277,8 @@ def main() -> None:
         )
         sys.exit(2)
     col, runs = COLUMNS[args[0]], read_runs(args[1:])
-    ref = next((label for label in runs if method(label) == col.reference), None)
-    order = [lb for m in col.paper for lb in runs if method(lb) == m]
+    ref = next((label for label in runs if paper_key(col, label) == col.reference), None)
+    order = [lb for m in col.paper for lb in runs if paper_key(col, lb) == m]
     order += sorted(lb for lb in runs if lb not in order)
     print(f"{col.title}; ours: mean ± std over seeds\n")
     for i, (key, title) in enumerate(col.metrics):
@@ -254,7 +293,8 @@ def main() -> None:
             by_seed = runs[label]
             last = [100 * s["final"][key] for s in by_seed.values() if key in s["final"]]
             mean10 = [100 * v[key] for v in _mean_last(by_seed).values() if key in v]
-            paper = col.paper.get(method(label), ())
+            key_ = paper_key(col, label)
+            paper = col.paper.get(key_, ()) if key_ else ()
             number = paper[i] if i < len(paper) else None
             delta, verdict, pdelta = _verdict(runs, label, ref, key, col, i)
             print(
@@ -262,7 +302,7 @@ def main() -> None:
                 f"| {delta} | {pdelta} | {verdict} |"
             )
             if number is not None and mean10:
-                ours[method(label)], theirs[method(label)] = float(np.mean(mean10)), number
+                ours[key_], theirs[key_] = float(np.mean(mean10)), number
         if len(ours) > 2:
             print(f"\nOrder, ours (mean of last rounds): {_order(ours)}")
             print(f"Order, paper: {_order(theirs)}")
@@ -350,7 +390,8 @@ def _verdict(runs, label: str, ref: str | None, key: str, col: Column, i: int):
     """(our Delta vs the reference, the verdict, the paper's Delta) as table cells."""
     if ref is None or label == ref:
         return "–", "–", "–"
-    mine_p, ref_p = col.paper.get(method(label), ()), col.paper.get(col.reference, ())
+    mine_p = col.paper.get(paper_key(col, label) or "", ())
+    ref_p = col.paper.get(col.reference, ())
     known = i < len(mine_p) and i < len(ref_p)
     pd = mine_p[i] - ref_p[i] if known else float("nan")
     pcell = f"{pd:+.1f}" if known else "–"

@@ -319,7 +319,7 @@ def _summaries(root: Path, label: str, key: str, accs: tuple[float, ...]) -> Non
     the last-rounds mean (rewritten when it exists)."""
     for seed, acc in enumerate(accs):
         folder = root / f"{label}-s{seed}"
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         summary = {"final": {key: acc}, "mean_last": {key: acc}}
         (folder / "summary.json").write_text(json.dumps(summary))
 
@@ -512,3 +512,43 @@ def test_compare_kept_runs_a_sweep_with_pflkit_command_sweep(tmp_path):
         "fedprox(mu=0.1)-s0",
         "fedprox(mu=0.5)-s0",
     ]
+
+
+def test_paper_table_rows_by_label_for_a_sweep_and_an_ablation(tmp_path):
+    """Columns whose rows are settings of one method (pFedSim's rho, Table 6; GPFL's
+    ablations, Table 6) match runs by their whole label: each swept value gets its own paper
+    number and Delta against the default setting (rho 0.7: 95.81 - 95.70 = +0.11; rho 1:
+    75.27 - 95.70 = -20.43); the GPFL column mixes ablation labels with FedPer's method row."""
+    sim = tmp_path / "rho"
+    _summaries(sim, "pfedsim(warmup_ratio=0.5)", "pers_acc_weighted", (0.90, 0.92))
+    _summaries(sim, "pfedsim(warmup_ratio=0.7)", "pers_acc_weighted", (0.91, 0.94))  # +1, +2
+    _summaries(sim, "pfedsim(warmup_ratio=1.0)", "pers_acc_weighted", (0.60, 0.62))  # -30, -30
+    out = subprocess.run(
+        [sys.executable, str(PAPER_TABLE), "pfedsim/rho_dir01", str(sim)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    assert rows["pfedsim(warmup_ratio=0.7)"][4:8] == [
+        "95.81", "+1.5 ± 0.5 (n=2)", "+0.1", "reproduced |"
+    ]  # fmt: skip
+    assert rows["pfedsim(warmup_ratio=1.0)"][4:8] == [
+        "75.27", "-30.0 ± 0.0 (n=2)", "-20.4", "reproduced |"
+    ]  # fmt: skip
+    assert rows["pfedsim(warmup_ratio=0.5)"][4] == "95.7"
+    gp = tmp_path / "gpfl"
+    _summaries(gp, "gpfl(lam=0.01,mu=0.1)", "pers_acc_weighted", (0.90, 0.90))
+    _summaries(gp, "gpfl(lam=0.01,mu=0.1,use_gce=False)", "pers_acc_weighted", (0.91, 0.91))
+    _summaries(gp, "fedper", "pers_acc_weighted", (0.80, 0.82))
+    out = subprocess.run(
+        [sys.executable, str(PAPER_TABLE), "gpfl/ablation_prac", str(gp)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    assert rows["gpfl(lam=0.01,mu=0.1,use_gce=False)"][4:8] == [
+        "39.48", "+1.0 ± 0.0 (n=2)", "-4.2", "reversed |"
+    ]  # fmt: skip
+    assert rows["fedper"][4:7] == ["38.45", "-9.0 ± 1.0 (n=2)", "-5.2"]
