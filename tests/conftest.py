@@ -27,6 +27,17 @@ def _isolated_data_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PFLKIT_DATA", str(tmp_path_factory.getbasetemp() / "data"))
 
 
+@pytest.fixture
+def fresh_source_cache():
+    """The data sources' in-memory cache emptied before and after the test (tests that write
+    dataset files: use ``pytestmark = pytest.mark.usefixtures("fresh_source_cache")``)."""
+    from pflkit.data.sources import clear_cache
+
+    clear_cache()
+    yield
+    clear_cache()
+
+
 def tiny_config(**sections) -> dict:
     """A config that trains in well under a second: scikit-learn digits, 4 clients, an MLP, one
     torch thread (fastest for a model this small, and unaffected by a busy machine)."""

@@ -26,11 +26,7 @@ from pflkit.errors import PflkitError
 Image = pytest.importorskip("PIL.Image")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    clear_cache()
-    yield
-    clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_source_cache")
 
 
 @pytest.fixture

@@ -33,11 +33,7 @@ IDX_NAMES = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    clear_cache()
-    yield
-    clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_source_cache")
 
 
 @pytest.fixture(autouse=True)

@@ -24,14 +24,8 @@ from pflkit.engine.runner import run_experiment
 from pflkit.errors import PflkitError
 from pflkit.models import MODELS, build_model
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    clear_cache()
-    yield
-    clear_cache()
+pytestmark = pytest.mark.usefixtures("one_thread", "fresh_source_cache")
 
 
 # ------------------------------------------------------------------------------------------

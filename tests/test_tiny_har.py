@@ -23,11 +23,7 @@ from pflkit.models import MODELS, build_model, model_options
 Image = pytest.importorskip("PIL.Image")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    clear_cache()
-    yield
-    clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_source_cache")
 
 
 def decoded(path: Path) -> np.ndarray:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
+from pflkit.algorithms.blocks.training import get_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedgen import FedGen, diversity_loss
 from pflkit.data.federated import build_federated
@@ -188,13 +189,7 @@ def test_teacher_labels_client_draws_from_the_clients_own_training_labels():
     env = envs[0]
     server = algo.server_init(senv)
     payload = {"weights": server["weights"], "gen": server["gen"], "labels": torch.tensor([1])}
-    model = env.model()
-    model.load_state_dict(
-        {
-            "head.weight": torch.tensor([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]]),
-            "head.bias": torch.zeros(3),
-        }
-    )
+    model = hand_model(env)
     x, y = env.data.train_x, env.data.train_y
     torch.manual_seed(11)
     got = algo.local_loss(env, payload, rnd=1)(model, x, y)
@@ -208,6 +203,18 @@ def test_teacher_labels_client_draws_from_the_clients_own_training_labels():
     torch.manual_seed(11)
     other = default.local_loss(env, payload, rnd=1)(model, x, y)
     assert abs(other.item() - got.item()) > 1e-3
+
+
+def hand_model(env):
+    """The client's softmax regression with a hand-picked head (3 classes, 2 features)."""
+    model = env.model()
+    model.load_state_dict(
+        {
+            "head.weight": torch.tensor([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]]),
+            "head.bias": torch.zeros(3),
+        }
+    )
+    return model
 
 
 @torch.no_grad()
@@ -317,14 +324,12 @@ def test_client_gen_mode_train_normalises_each_generated_batch_and_skips_one_sam
     gen = algo.generator(env, server["gen"])
     with torch.no_grad():  # running statistics far from any batch's: the two modes differ
         gen.bn.running_mean.fill_(5.0)
-    payload = {"weights": server["weights"], "gen": get_state(gen), "labels": torch.tensor([0, 2])}
-    model = env.model()
-    model.load_state_dict(
-        {
-            "head.weight": torch.tensor([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]]),
-            "head.bias": torch.zeros(3),
-        }
-    )
+    payload = {
+        "weights": server["weights"],
+        "gen": get_weights(gen),
+        "labels": torch.tensor([0, 2]),
+    }
+    model = hand_model(env)
     x, y = env.data.train_x, env.data.train_y
     torch.manual_seed(11)
     got = algo.local_loss(env, payload, rnd=1)(model, x, y)
@@ -337,7 +342,3 @@ def test_client_gen_mode_train_normalises_each_generated_batch_and_skips_one_sam
     one = algo.local_loss(env, payload, rnd=1)(model, x[:1], y[:1])
     one.backward()
     assert one.item() == 0.0 and all(p.grad.abs().max() == 0 for p in model.parameters())
-
-
-def get_state(module):
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
