@@ -275,3 +275,39 @@ def test_commit_names_only_a_checkout_of_its_own(xc, tmp_path):
     assert xc.commit(repo) == head.stdout.strip()
     assert xc.commit(repo / "system") == "unknown"
     assert xc.commit(tmp_path) == "unknown"
+
+
+def test_pflkit_option_changes_one_cases_pflkit_side(xc, tmp_path, capsys):
+    """``--pflkit-option KEY=VALUE`` (values as YAML) changes the algorithm section of one
+    case's pflkit side; more cases, or an item that is not KEY=VALUE, exit 2 before anything
+    runs."""
+    assert xc.pflkit_overrides(["gen_labels=seen", "gen_lr_decay=1.0"]) == {
+        "gen_labels": "seen",
+        "gen_lr_decay": 1.0,
+    }
+    for argv, message in (
+        (["--algorithms", "fedgen,fedavg", "--pflkit-option", "eta=1"], "give one case"),
+        (["--algorithms", "fedgen", "--pflkit-option", "eta"], "'eta' is not KEY=VALUE"),
+        (["--algorithms", "fedgen", "--pflkit-option", "name=fedavg"], "is not KEY=VALUE"),
+    ):
+        assert xc.main([*argv, "--out", str(tmp_path / "x")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_pflkit_option_reaches_the_pflkit_config_and_the_row(xc, tmp_path, monkeypatch):
+    import json
+
+    import yaml
+
+    monkeypatch.setattr(xc, "load_reference", lambda path: ([{1: 0.5}, {1: 0.6}], 1.0))
+    monkeypatch.setattr(xc, "run_pflkit", lambda case, cfg, out, seeds: ([{1: 0.5}, {1: 0.6}], 1.0))
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "fedgen-reference.json").write_text("{}")
+    argv = ["--algorithms", "fedgen", "--flbench", str(tmp_path), "--seeds", "2", "--out", str(out)]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"train": {"rounds": 1}, "algorithm": {"name": "fedavg"}}))
+    assert xc.main([*argv, "--config", str(cfg), "--pflkit-option", "gen_labels=seen"]) == 0
+    row = json.loads((out / "results.jsonl").read_text())
+    assert "gen_labels=seen" in row["options"] and "client_gen_mode=train" in row["options"]

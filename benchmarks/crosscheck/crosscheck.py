@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -462,6 +463,20 @@ def aligned(curve: dict[int, float], shift: int, rounds: int) -> dict[int, float
     return {r + shift: a for r, a in curve.items() if 0 <= r + shift <= rounds}
 
 
+def pflkit_overrides(items: list[str]) -> dict:
+    """``--pflkit-option KEY=VALUE`` items as algorithm options (values read as YAML)."""
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or key.strip() == "name":
+            raise Usage(
+                f"--pflkit-option '{item}' is not KEY=VALUE of an algorithm option: write e.g. "
+                "--pflkit-option gen_labels=seen"
+            )
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def pflkit_options(case: Case, cfg: dict) -> str:
     """The pflkit side's settings beside the config's shared ones: the algorithm's options, the
     case's other settings and the config's train.drop_last (docs/crosscheck.md's column)."""
@@ -491,6 +506,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="PFLlib cases: one process per seed with PFLlib's torch seed set to it, so its "
         "seeds differ in batch order too (default: one process, -t repetitions)",
+    )
+    ap.add_argument(
+        "--pflkit-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one case only: set (or change) an algorithm option of its pflkit side, e.g. "
+        "gen_labels=seen, to find which option closes a gap (repeatable; the row names it)",
     )
     ap.add_argument("--last", type=int, default=10, help="rounds in the last-rounds mean")
     ap.add_argument("--out", type=Path, help="results folder (rerunning into it continues)")
@@ -522,6 +545,12 @@ def main(argv: list[str] | None = None) -> int:
             raise Usage(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(CASES)}")
         if args.seeds < 2:
             raise Usage(f"--seeds {args.seeds}: seed noise needs at least 2 seeds")
+        options = pflkit_overrides(args.pflkit_option)
+        if options and len(keys) != 1:
+            raise Usage(
+                f"--pflkit-option changes one case's pflkit side: give one case with "
+                f"--algorithms, not {len(keys)}"
+            )
         if args.independent_seeds and (fl := [k for k in keys if CASES[k].library != "pfllib"]):
             raise Usage(
                 f"--independent-seeds applies to PFLlib cases only ({', '.join(fl)} run "
@@ -545,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         runners = {"pfllib": run_pfllib, "flbench": run_flbench}
         for key in keys:
-            case = CASES[key]
+            case = replace(CASES[key], pflkit={**CASES[key].pflkit, **options})
             if key in done:
                 print(f"{key}: kept from an earlier run in {results}", flush=True)
                 continue
