@@ -148,7 +148,7 @@ CLAIMS: list[Claim | TrafficClaim] = [
           "in the fair arm comes from its 10 + 5 epochs (4 + 1 in FL-bench: 1.8 points lower)",
           crosscheck="flbench"),
     Claim("pFedSim", "pFedSim first under Dir(0.5) (Table 3)", "pfedsim/dir05", W, "pfedsim",
-          None, *SIM05, "FedFomo's runs here predate its neighbour-choice fix (not the best rival)",
+          None, *SIM05, "FedPer above pFedSim on every seed under both protocols (FedPer runs alike in both)",
           crosscheck="flbench"),
     Claim("pFedSim", "pFedSim above FedPer, Dir(0.1)", "pfedsim/dir01", W, "pfedsim", "fedper",
           *SIM01, crosscheck="flbench"),

@@ -24,7 +24,6 @@ from pflkit.engine.runner import run_experiment
 from pflkit.errors import PflkitError
 from pflkit.models import MODELS, build_model
 
-
 pytestmark = pytest.mark.usefixtures("one_thread", "fresh_source_cache")
 
 
