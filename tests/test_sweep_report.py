@@ -523,13 +523,7 @@ def test_paper_table_rows_by_label_for_a_sweep_and_an_ablation(tmp_path):
     _summaries(sim, "pfedsim(warmup_ratio=0.5)", "pers_acc_weighted", (0.90, 0.92))
     _summaries(sim, "pfedsim(warmup_ratio=0.7)", "pers_acc_weighted", (0.91, 0.94))  # +1, +2
     _summaries(sim, "pfedsim(warmup_ratio=1.0)", "pers_acc_weighted", (0.60, 0.62))  # -30, -30
-    out = subprocess.run(
-        [sys.executable, str(PAPER_TABLE), "pfedsim/rho_dir01", str(sim)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    rows = _table_rows("pfedsim/rho_dir01", sim)
     assert rows["pfedsim(warmup_ratio=0.7)"][4:8] == [
         "95.81", "+1.5 ± 0.5 (n=2)", "+0.1", "reproduced |"
     ]  # fmt: skip
@@ -541,14 +535,15 @@ def test_paper_table_rows_by_label_for_a_sweep_and_an_ablation(tmp_path):
     _summaries(gp, "gpfl(lam=0.01,mu=0.1)", "pers_acc_weighted", (0.90, 0.90))
     _summaries(gp, "gpfl(lam=0.01,mu=0.1,use_gce=False)", "pers_acc_weighted", (0.91, 0.91))
     _summaries(gp, "fedper", "pers_acc_weighted", (0.80, 0.82))
-    out = subprocess.run(
-        [sys.executable, str(PAPER_TABLE), "gpfl/ablation_prac", str(gp)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    rows = _table_rows("gpfl/ablation_prac", gp)
     assert rows["gpfl(lam=0.01,mu=0.1,use_gce=False)"][4:8] == [
         "39.48", "+1.0 ± 0.0 (n=2)", "-4.2", "reversed |"
     ]  # fmt: skip
     assert rows["fedper"][4:7] == ["38.45", "-9.0 ± 1.0 (n=2)", "-5.2"]
+
+
+def _table_rows(column: str, folder: Path) -> dict[str, list[str]]:
+    """paper_table.py's rows for ``column`` on ``folder``, by their first cell."""
+    cmd = [sys.executable, str(PAPER_TABLE), column, str(folder)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
