@@ -47,9 +47,8 @@ import numpy as np
 import torch
 
 from pflkit.algorithms.blocks.training import predict
-from pflkit.analysis.similarity import check_out
 from pflkit.engine.clients import EVALUATE, key_generator, round_context, scored_model
-from pflkit.engine.folder import make_folder
+from pflkit.engine.folder import check_out, make_folder
 from pflkit.engine.runner import load_finished
 from pflkit.errors import PflkitError
 from pflkit.report.plots import plot_feature_map, setting_title

@@ -83,13 +83,12 @@ from torch import Tensor
 from pflkit.algorithms.base import Algorithm, RoundContext
 from pflkit.algorithms.blocks.training import set_weights
 from pflkit.algorithms.gpfl import GPFL, TABLE, cov_apply, cov_params, reg_norms
-from pflkit.analysis.similarity import check_out
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.data.sources import load_source
 from pflkit.engine.clients import InProcess, key_generator, seed_torch, system_draw
 from pflkit.engine.compare import _label, _normalise, _task, _unlabelled
-from pflkit.engine.folder import make_folder
+from pflkit.engine.folder import check_out, make_folder
 from pflkit.engine.simulation import Simulation, sample_clients
 from pflkit.errors import PflkitError
 

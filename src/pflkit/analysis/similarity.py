@@ -42,7 +42,7 @@ from pflkit.config import ExperimentConfig
 from pflkit.data.federated import build_federated
 from pflkit.engine.clients import seed_torch
 from pflkit.engine.envs import make_envs
-from pflkit.engine.folder import make_folder
+from pflkit.engine.folder import check_out, make_folder
 from pflkit.errors import PflkitError
 
 METRICS = {  # name: (label, higher means more similar)
@@ -78,7 +78,7 @@ def similarity_study(
     if steps < 1:
         raise PflkitError(f"--steps must be at least 1, got {steps}")
     out = Path(out)
-    check_out(out)
+    check_out(out, OUTPUTS)
     data = build_federated(cfg.data)
     senv, envs = make_envs(cfg, data)
     if len(set(senv.archs)) > 1:
@@ -157,21 +157,6 @@ def similarity_study(
 
 #: what the study writes; a folder holding only these (an earlier study) is written over
 OUTPUTS = ("similarity.json", "similarity.md", "similarity.png")
-
-
-def check_out(out: Path, outputs: tuple[str, ...] = OUTPUTS) -> None:
-    """Refuse, before a study trains anything, an ``out`` that is a file or a folder with
-    contents other than ``outputs`` (a run folder, say): a study writes a folder of its own."""
-    if out.exists() and not out.is_dir():
-        raise PflkitError(f"--out '{out}' is a file, not a folder: choose another --out")
-    if out.is_dir():
-        other = sorted(p.name for p in out.iterdir() if p.name not in outputs)
-        if other:
-            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
-            raise PflkitError(
-                f"--out '{out}' already holds other files ({shown}): the study needs a new "
-                "or empty folder (or one with only an earlier study); choose another --out"
-            )
 
 
 def _scores(pairs: list[dict]) -> dict[str, dict[str, float | None]]:

@@ -53,6 +53,21 @@ def make_folder(path: Path, what: str) -> None:
         ) from None
 
 
+def check_out(out: Path, outputs: tuple[str, ...]) -> None:
+    """Refuse, before a study trains anything, an ``out`` that is a file or a folder with
+    contents other than ``outputs`` (a run folder, say): a study writes a folder of its own."""
+    if out.exists() and not out.is_dir():
+        raise PflkitError(f"--out '{out}' is a file, not a folder: choose another --out")
+    if out.is_dir():
+        other = sorted(p.name for p in out.iterdir() if p.name not in outputs)
+        if other:
+            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+            raise PflkitError(
+                f"--out '{out}' already holds other files ({shown}): the study needs a new "
+                "or empty folder (or one with only an earlier study); choose another --out"
+            )
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all (through ``<name>.tmp``, removed if the write fails)."""
     tmp = path.with_name(path.name + ".tmp")
