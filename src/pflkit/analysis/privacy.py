@@ -87,7 +87,7 @@ from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.data.sources import load_source
 from pflkit.engine.clients import InProcess, key_generator, seed_torch, system_draw
-from pflkit.engine.compare import _label, _normalise, _task, _unlabelled
+from pflkit.engine.compare import plan_entries, run_config
 from pflkit.engine.folder import check_out, make_folder
 from pflkit.engine.simulation import Simulation, sample_clients
 from pflkit.errors import PflkitError
@@ -402,15 +402,15 @@ def privacy_study(
     out = Path(out)
     check_out(out, OUTPUTS)
     seeds = list(seeds) if seeds else [cfg.seed]
-    entries = _normalise(list(algorithms) if algorithms else [cfg.algorithm], cfg.train.weighting)
+    entries = plan_entries(list(algorithms) if algorithms else [cfg.algorithm], cfg.train.weighting)
     data = build_federated(cfg.data)
     mean, std = _pixels(cfg, data)
     size = batch_size or cfg.train.batch_size
     chosen = _victims(cfg, data, rnd, seeds, victims if isinstance(victims, int) else list(victims))
 
     plans = [
-        (_label(e), _unlabelled(e), _targets(cfg, data, e, seeds[0], chosen, targets))
-        for e in entries
+        (label, algo_cfg, _targets(cfg, data, algo_cfg, seeds[0], chosen, targets))
+        for label, algo_cfg, _ in entries
     ]
     per_victim = sum(
         math.ceil(min(len(data.clients[c].train_y), batches * size) / size)
@@ -428,7 +428,7 @@ def privacy_study(
     t0 = time.perf_counter()
     for label, algo_cfg, use in plans:
         for s in seeds:
-            with Simulation(_task(cfg, algo_cfg, [], s), data=data, runner=InProcess()) as sim:
+            with Simulation(run_config(cfg, algo_cfg, [], s), data=data, runner=InProcess()) as sim:
                 for r in range(1, rnd):
                     say(f"{label} seed {s}: training round {r} of {rnd - 1} before the attack")
                     sim.run_round(r)
@@ -492,16 +492,16 @@ def privacy_study(
     return result
 
 
-def _targets(cfg, data, entry, seed: int, chosen, targets) -> list[str]:
-    """The targets to attack for one algorithm entry: those its upload allows (one probe step
+def _targets(cfg, data, algo_cfg, seed: int, chosen, targets) -> list[str]:
+    """The targets to attack for one algorithm config: those its upload allows (one probe step
     of the first victim on one sample in round 1: only the keys matter), checked against
     ``targets``."""
-    with Simulation(_task(cfg, _unlabelled(entry), [], seed), data=data, runner=InProcess()) as sim:
+    with Simulation(run_config(cfg, algo_cfg, [], seed), data=data, runner=InProcess()) as sim:
         cid = chosen[seed][0]
         c = data.clients[cid]
         _, delta = victim_update(sim, cid, 1, c.train_x[:1], c.train_y[:1])
         have = available_targets(sim.envs[cid].model(), set(delta))
-    name = entry["name"]
+    name = algo_cfg["name"]
     if not delta:
         raise PflkitError(
             f"algorithm '{name}' uploads no trainable tensor, so the server has no update "

@@ -308,16 +308,21 @@ def _run_all(
         raise _failed(failures, len(tasks))
 
 
-def _task(cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int):
+def run_config(cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int):
     """The config of one run: ``cfg`` with ``algo``, the setting's overrides and ``seed``."""
     raw = cfg.dump() | {"algorithm": algo, "seed": seed}
     return validate(apply_overrides(raw, sets))
 
 
+def plan_entries(algorithms: list[str | dict[str, Any]], weighting: str | None) -> list[Planned]:
+    """Each algorithm entry (a name or ``{name: ..., [label: ...], params...}``), checked, as
+    a setting: its label, its algorithm config, no overrides."""
+    return [(_label(a), _unlabelled(a), []) for a in _normalise(algorithms, weighting)]
+
+
 def compare_plan(cfg: ExperimentConfig) -> list[Planned]:
     """``compare``'s settings: each algorithm of ``compare.algorithms`` as it is."""
-    algorithms = _normalise(cfg.compare.algorithms, cfg.train.weighting)
-    return [(_label(a), _unlabelled(a), []) for a in algorithms]
+    return plan_entries(cfg.compare.algorithms, cfg.train.weighting)
 
 
 def sweep_plan(cfg: ExperimentConfig) -> list[Planned]:
@@ -381,7 +386,7 @@ def run_compare(
     seeds = cfg.compare.seeds
     folder = {label: label.replace("/", "_") for label, _, _ in plan}
     tasks = [
-        (_task(cfg, algo, sets, seed), out / f"{folder[label]}-s{seed}")
+        (run_config(cfg, algo, sets, seed), out / f"{folder[label]}-s{seed}")
         for label, algo, sets in plan
         for seed in seeds
     ]  # every config is checked before anything runs
