@@ -173,10 +173,12 @@ CLAIMS: list[Claim | TrafficClaim] = [
                  "pfedpm", "fedavg", 100, "pfedpm-n3"),
     Claim("MAP", "MAP above FedAvg on aggregation, FMNIST LeNet (Table I)", "map/fmnist_lenet",
           "global_acc", "map", "fedavg", MAP_FAIR, MAP_CODE,
-          "paper protocol: the authors' code variants map_code and fedavg_code (batch 32, clipping, code KD and schedule)"),
+          "paper protocol: the authors' code variants map_code and fedavg_code (batch 32, "
+          "clipping, code KD and schedule)"),
     Claim("MAP", "MAP above FedAvg on personalization, FMNIST LeNet (Table II)",
           "map/fmnist_lenet", "pers_acc_selected", "map", "fedavg", MAP_FAIR, MAP_CODE,
-          "paper protocol: the authors' code variants map_code and fedavg_code (batch 32, clipping, code KD and schedule)"),
+          "paper protocol: the authors' code variants map_code and fedavg_code (batch 32, "
+          "clipping, code KD and schedule)"),
     Claim("MAP", "ScaMAP above SCAFFOLD on aggregation, FMNIST LeNet", "map/fmnist_lenet",
           "global_acc", "scamap", "scaffold", MAP_FAIR, None,
           "no code variant of ScaMAP or SCAFFOLD: one protocol"),
