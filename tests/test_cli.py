@@ -61,6 +61,52 @@ def test_compare_writes_table_and_plot(cfg_file, tmp_path):
     ]  # fmt: skip
 
 
+def test_algorithms_option_selects_the_configs_entries_with_their_parameters():
+    from pflkit.config import select_algorithms
+
+    entries = [
+        {"name": "fedrep", "head_epochs": 1},
+        {"name": "gpfl", "label": "no_cov", "use_cov": False},
+        {"name": "gpfl", "label": "no_gce", "use_gce": False},
+        "fedavg",
+    ]
+    raw = {"compare": {"algorithms": entries}}
+    got = select_algorithms(raw, "fedrep,gpfl,fedprox,{name: ditto, lam: 0.5}")
+    assert got["compare"]["algorithms"] == [
+        {"name": "fedrep", "head_epochs": 1},
+        {"name": "gpfl", "label": "no_cov", "use_cov": False},
+        {"name": "gpfl", "label": "no_gce", "use_gce": False},
+        "fedprox",  # not among the config's entries: at its defaults
+        {"name": "ditto", "lam": 0.5},
+    ]
+    assert select_algorithms(raw, "no_gce,fedavg")["compare"]["algorithms"] == [entries[2], "fedavg"]
+    assert select_algorithms({}, "local")["compare"]["algorithms"] == ["local"]
+    assert raw["compare"]["algorithms"] == entries  # the caller's dict is not changed
+
+
+def test_compare_algorithms_option_keeps_an_entrys_parameters(cfg_file, tmp_path):
+    """`--algorithms fedprox` on a config whose compare.algorithms has {name: fedprox, mu: 0.5}
+    runs mu 0.5 (pflkit <= 4f4cdb4 ran the bare name, mu at its default)."""
+    raw = yaml.safe_load(cfg_file.read_text())
+    raw["compare"] = {"algorithms": [{"name": "fedprox", "mu": 0.5}, "local"], "seeds": [0]}
+    cfg_file.write_text(yaml.safe_dump(raw))
+    r = pflkit(
+        "compare", str(cfg_file), "--algorithms", "fedprox", "--set", "train.rounds=1",
+        "--out", "cmp", "-q", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in (tmp_path / "cmp").iterdir() if p.is_dir()] == ["fedprox(mu=0.5)-s0"]
+    run = yaml.safe_load((tmp_path / "cmp" / "fedprox(mu=0.5)-s0" / "config.yaml").read_text())
+    assert run["algorithm"]["mu"] == 0.5
+
+
+def test_bad_algorithms_option_is_one_sentence(cli, cfg_file, tmp_path):
+    r = cli("compare", str(cfg_file), "--algorithms", "{name: fedprox", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "invalid --algorithms '{name: fedprox': give comma-separated names" in r.stderr
+    assert not any(tmp_path.glob("runs*"))
+
+
 def test_partition_prints_table_and_heatmap(cfg_file, tmp_path):
     r = pflkit("partition", str(cfg_file), "--out", "p.png", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -71,7 +71,11 @@ ImportOpt = Annotated[
 
 AlgorithmsOpt = Annotated[
     str | None,
-    typer.Option(help="Comma-separated algorithm names (default: config's compare.algorithms)."),
+    typer.Option(
+        help="Comma-separated algorithms (default: config's compare.algorithms). A name or label "
+        "of the config's own entries runs those entries with their parameters; any other name "
+        "runs at its defaults; {name: fedprox, mu: 0.1} gives parameters."
+    ),
 ]
 SeedsOpt = Annotated[str | None, typer.Option(help="Comma-separated training seeds, e.g. 0,1,2.")]
 JobsOpt = Annotated[
@@ -288,15 +292,13 @@ def compare(
     kept, interrupted ones resume from their checkpoints."""
     from pflkit.engine.compare import run_compare
 
-    cfg = load_config(config, _lists(set_, algorithms, seeds), imports)
+    cfg = load_config(config, _lists(set_, seeds), imports, algorithms)
     _many(run_compare, "compare", cfg, out, quiet, jobs, keep_going)
 
 
-def _lists(set_: list[str] | None, algorithms: str | None, seeds: str | None) -> list[str]:
-    """The overrides of compare and sweep: --set, plus --algorithms and --seeds."""
+def _lists(set_: list[str] | None, seeds: str | None) -> list[str]:
+    """The overrides of compare and sweep: --set, plus --seeds."""
     overrides = list(set_ or [])
-    if algorithms:
-        overrides.append(f"compare.algorithms=[{algorithms}]")
     if seeds:
         overrides.append(f"compare.seeds=[{seeds}]")
     return overrides
@@ -343,12 +345,12 @@ def sweep(
     from pflkit.engine.compare import run_sweep
     from pflkit.experiment import validate
 
-    overrides = _lists(set_, algorithms, seeds) + [
+    overrides = _lists(set_, seeds) + [
         f"sweep.{k}={json.dumps(v)}"  # quoted: an empty value is refused, not read as null
         for k, v in (("select", select), ("metric", metric), ("at", at))
         if v is not None
     ]
-    cfg = load_config(config, overrides, imports)
+    cfg = load_config(config, overrides, imports, algorithms)
     extra = {}
     for item in grid or []:
         key, sep, text = item.partition("=")
@@ -660,7 +662,7 @@ def privacy(
 
     if config is None:
         raise PflkitError("give the experiment config: pflkit analyze privacy CONFIG --out DIR")
-    cfg = load_config(config, _lists(set_, algorithms, seeds))
+    cfg = load_config(config, _lists(set_, seeds), algorithms=algorithms)
     folder = out or Path(f"privacy-{cfg.name}")
     _usable_path(folder, "output folder")
     res = privacy_study(

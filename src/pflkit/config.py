@@ -411,6 +411,37 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def select_algorithms(raw: dict[str, Any], text: str) -> dict[str, Any]:
+    """``--algorithms``: set ``compare.algorithms`` from a comma-separated list (returns a new
+    dict). An item that is the ``name`` or ``label`` of entries of the config's own
+    ``compare.algorithms`` selects those entries, parameters and all (``fedrep`` selects
+    ``{name: fedrep, head_epochs: 1}``; every entry of that name, in the config's order); any
+    other item is an entry of its own: a name (the algorithm at its defaults) or
+    ``{name: ..., param: value}``."""
+    items = parse_value(f"[{text}]")
+    if not isinstance(items, list):
+        raise PflkitError(
+            f"invalid --algorithms '{text}': give comma-separated names, e.g. fedavg,fedprox"
+        )
+    raw = copy.deepcopy(raw)
+    compare = raw.setdefault("compare", {})
+    if not isinstance(compare, dict):
+        raise PflkitError(f"invalid --algorithms '{text}': the config's compare is not a section")
+    entries = compare.get("algorithms") or []
+
+    def keys(entry: Any) -> set[Any]:
+        if isinstance(entry, dict):
+            return {entry.get("name"), entry.get("label")} - {None}
+        return {entry}
+
+    chosen = []
+    for item in items:
+        matches = [e for e in entries if isinstance(item, str) and item in keys(e)]
+        chosen += matches or [item]
+    compare["algorithms"] = chosen
+    return raw
+
+
 def parse(raw: dict[str, Any]) -> ExperimentConfig:
     """The typed config of ``raw``, its device checked; the ``algorithm`` section stays as given
     (:func:`pflkit.experiment.validate` has the algorithm's ``Params`` validate it)."""

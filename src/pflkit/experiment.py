@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pflkit.config import ExperimentConfig, apply_overrides, parse, read_yaml
+from pflkit.config import ExperimentConfig, apply_overrides, parse, read_yaml, select_algorithms
 from pflkit.errors import PflkitError
 
 
@@ -38,10 +38,14 @@ def load_config(
     path: str | Path | None,
     overrides: list[str] | None = None,
     plugins: list[str] | None = None,
+    algorithms: str | None = None,
 ) -> ExperimentConfig:
     """Read a YAML config (or start from defaults), apply overrides, add ``plugins`` (module
-    names, e.g. from ``--import``) to its ``plugins`` list, validate."""
+    names, e.g. from ``--import``) to its ``plugins`` list, choose ``compare.algorithms`` from
+    ``algorithms`` (``--algorithms``; :func:`pflkit.config.select_algorithms`), validate."""
     raw = apply_overrides(read_yaml(path) if path is not None else {}, overrides or [])
+    if algorithms:
+        raw = select_algorithms(raw, algorithms)
     if plugins:
         raw["plugins"] = list(dict.fromkeys([*(raw.get("plugins") or []), *plugins]))
     return validate(raw)
