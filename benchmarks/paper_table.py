@@ -10,7 +10,8 @@ I-II), ``ktpfl/fmnist20`` (KT-pFL Table 2, Fashion-MNIST, 20 clients), ``pfedsim
 its EMNIST Dir(0.1) column) and ``gpfl/ablation_prac`` (GPFL Table 6's ablations, TINY*).
 FOLDER: compare folders,
 ``benchmarks/map_repro.sh``'s folder, or a folder of kept runs (``benchmarks/keep_runs.sh``);
-every ``<label>-s<seed>/summary.json`` under them is read. A label's method is its name before
+every ``<label>-s<seed>/summary.json`` under them is read; a label in several folders is
+read from the last of them only (:func:`run_files`). A label's method is its name before
 any ``(options)``, e.g. ``pfedme(personal_lr=0.01)`` is pFedMe; a column whose rows are
 settings of one method (a sweep, an ablation) lists whole labels, which match first.
 
@@ -239,14 +240,27 @@ for _i, _n in enumerate((3, 4, 5)):
     )
 
 
-def read_runs(folders: list[str]) -> dict[str, dict[int, dict]]:
-    """Label -> seed -> summary.json of every run under ``folders``."""
-    runs: dict[str, dict[int, dict]] = {}
+def run_files(folders: list[str], name: str) -> dict[str, dict[int, Path]]:
+    """Label -> seed -> the file ``name`` of every ``<label>-s<seed>`` run under ``folders``.
+    A label found in several folders takes its runs from the last of them only: a
+    paper-protocol folder given after the fair arm's replaces a method's runs whole, so a
+    partial arm shows fewer seeds, never a mix of the two arms' seeds."""
+    files: dict[str, dict[int, Path]] = {}
     for folder in folders:
-        for path in sorted(Path(folder).glob("*-s*/summary.json")):
+        found: dict[str, dict[int, Path]] = {}
+        for path in sorted(Path(folder).glob(f"*-s*/{name}")):
             label, seed = path.parent.name.rsplit("-s", 1)
-            runs.setdefault(label, {})[int(seed)] = json.loads(path.read_text())
-    return runs
+            found.setdefault(label, {})[int(seed)] = path
+        files.update(found)
+    return files
+
+
+def read_runs(folders: list[str]) -> dict[str, dict[int, dict]]:
+    """Label -> seed -> summary.json of every run under ``folders`` (:func:`run_files`)."""
+    return {
+        label: {seed: json.loads(path.read_text()) for seed, path in by_seed.items()}
+        for label, by_seed in run_files(folders, "summary.json").items()
+    }
 
 
 def method(label: str) -> str:
@@ -321,9 +335,8 @@ def curves(folders: list[str], key: str) -> dict[str, dict[int, float]]:
     """Label -> evaluated round -> 100 x ``key`` averaged over the label's seeds that have it
     at that round (metrics.jsonl of every ``<label>-s<seed>`` run under ``folders``)."""
     sums: dict[str, dict[int, list[float]]] = {}
-    for folder in folders:
-        for path in sorted(Path(folder).glob("*-s*/metrics.jsonl")):
-            label = path.parent.name.rsplit("-s", 1)[0]
+    for label, by_seed in run_files(folders, "metrics.jsonl").items():
+        for path in by_seed.values():
             for line in path.read_text().splitlines():
                 row = json.loads(line)
                 if row.get(key) is not None:

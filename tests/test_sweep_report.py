@@ -357,6 +357,24 @@ def test_paper_table_verdicts_by_hand(tmp_path):
     assert bad.returncode == 2 and "COLUMN one of map/fmnist_lenet" in bad.stderr
 
 
+def test_paper_table_takes_a_label_whole_from_the_last_folder(tmp_path):
+    """A partial paper-protocol arm given after the fair arm: its method shows the paper arm's
+    two seeds (mean 80.0 ± 1.0), not those two plus the fair arm's third (the mixed 76.7)."""
+    fair, paper = tmp_path / "fair", tmp_path / "paper"
+    _summaries(fair, "ktpfl_homo(temperature=1.0)", "pers_acc_mean", (0.80, 0.82, 0.84))
+    _summaries(fair, "fedavg", "pers_acc_mean", (0.70, 0.70, 0.70))
+    _summaries(paper, "fedavg", "pers_acc_mean", (0.79, 0.81))
+    out = subprocess.run(
+        [sys.executable, str(PAPER_TABLE), "ktpfl/fmnist20", str(fair), str(paper)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    assert rows["fedavg"][1:4] == ["2", "80.0 ± 1.0", "80.0 ± 1.0"]
+    assert rows["fedavg"][5] == "-1.0 ± 0.0 (n=2)"  # paired with ktpfl_homo's seeds 0 and 1
+
+
 def test_paper_table_pfedsim_pattern_line(tmp_path):
     """pFedSim's column reads the pooled accuracy and says whether our order shows the paper's
     claim: pFedSim first and FedAvg, FedProx, FedDyn, FedGen, FedBN the five last (Dir 0.1)."""
