@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pflkit.algorithms import resolve_params
 from pflkit.engine.compare import compare_plan
@@ -38,3 +39,38 @@ def test_every_method_of_a_shipped_compare_averages_by_one_rule(path):
         if (rule := resolve_params(entry, cfg.train.weighting).get("weighting")) is not None
     }
     assert len(set(rules.values())) <= 1, f"{path.name} mixes averaging rules: {rules}"
+
+
+RESULTS = Path(__file__).parent.parent / "results"
+
+
+def _kept_compare_folders() -> list[Path]:
+    return sorted(p.parent for p in RESULTS.glob("*/compare.yaml"))
+
+
+def _config_named(name: str) -> Path:
+    found = [p for p in CONFIGS if yaml.safe_load(p.read_text()).get("name") == name]
+    assert len(found) == 1, f"the kept compare '{name}' has {len(found)} configs: {found}"
+    return found[0]
+
+
+@pytest.mark.parametrize("folder", _kept_compare_folders(), ids=lambda p: p.name)
+def test_every_kept_run_is_its_configs_entry(folder):
+    """Each kept run under results/ is one of its config's compare (or sweep) settings, with
+    that setting's parameters: a run kept under a config whose entry it is not (the GPFL
+    paper arm's first runs, made when ``--algorithms gpfl`` dropped the entry's parameters)
+    fails here. A key the run's config.yaml lacks is an option added after the run, whose
+    default is the behaviour the run had (each such option's docs say so)."""
+    from pflkit.engine.compare import sweep_plan
+
+    cfg = load_config(_config_named(yaml.safe_load((folder / "compare.yaml").read_text())["name"]))
+    plan = sweep_plan(cfg) if cfg.sweep.grid else compare_plan(cfg)
+    settings = {label: resolve_params(entry, cfg.train.weighting) for label, entry, _ in plan}
+    runs = sorted(folder.glob("*-s*/config.yaml"))
+    assert runs or folder.name.endswith("_paper_protocol")  # a paper arm may have just begun
+    for run in runs:
+        label = run.parent.name.rsplit("-s", 1)[0]
+        assert label in settings, f"{run.parent.name} is no setting of {folder.name}'s config"
+        ran = yaml.safe_load(run.read_text())["algorithm"]
+        differ = {k: (v, ran[k]) for k, v in settings[label].items() if k in ran and ran[k] != v}
+        assert not differ, f"{run.parent.name}: config vs run {differ}"
