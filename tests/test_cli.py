@@ -79,7 +79,10 @@ def test_algorithms_option_selects_the_configs_entries_with_their_parameters():
         "fedprox",  # not among the config's entries: at its defaults
         {"name": "ditto", "lam": 0.5},
     ]
-    assert select_algorithms(raw, "no_gce,fedavg")["compare"]["algorithms"] == [entries[2], "fedavg"]
+    assert select_algorithms(raw, "no_gce,fedavg")["compare"]["algorithms"] == [
+        entries[2],
+        "fedavg",
+    ]
     assert select_algorithms({}, "local")["compare"]["algorithms"] == ["local"]
     assert raw["compare"]["algorithms"] == entries  # the caller's dict is not changed
 

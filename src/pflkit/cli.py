@@ -648,7 +648,10 @@ def privacy(
     ] = None,
     algorithms: Annotated[
         str | None,
-        typer.Option(help="Comma-separated algorithm names (default: the config's algorithm)."),
+        typer.Option(
+            help="Comma-separated algorithms, chosen as compare's --algorithms chooses them "
+            "(default: the config's algorithm)."
+        ),
     ] = None,
     out: Annotated[
         Path | None,
