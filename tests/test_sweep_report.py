@@ -324,6 +324,14 @@ def _summaries(root: Path, label: str, key: str, accs: tuple[float, ...]) -> Non
         (folder / "summary.json").write_text(json.dumps(summary))
 
 
+def _paper_table(column: str, *folders: Path) -> tuple[str, dict[str, list[str]]]:
+    """benchmarks/paper_table.py's output and its table rows by label (cells split on ' | ')."""
+    cmd = [sys.executable, str(PAPER_TABLE), column, *map(str, folders)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    return out, rows
+
+
 def test_paper_table_verdicts_by_hand(tmp_path):
     """benchmarks/paper_table.py, KT-pFL's Table 2 column: Delta = method - KT-pFL (ktpfl_homo)
     on the last-rounds mean, paired by seed, against the paper's Delta (FedAvg 80.69 - 93.93 =
@@ -337,13 +345,7 @@ def test_paper_table_verdicts_by_hand(tmp_path):
     run("pfedhn", (0.85, 0.86, 0.88))  # +5, +4, +4: opposite sign, beyond the std: reversed
     run("fedamp", (0.81, 0.83, 0.83))  # +1, +1, -1: mean +0.33 < std 0.94: not reproduced
     run("perfedavg", (0.79, 0.83, 0.83))  # -1, +1, -1: mean -0.33 < std 0.94: within noise
-    out = subprocess.run(
-        [sys.executable, str(PAPER_TABLE), "ktpfl/fmnist20", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    out, rows = _paper_table("ktpfl/fmnist20", tmp_path)
     assert rows["fedavg"][5:8] == ["-9.3 ± 0.5 (n=3)", "-13.2", "reproduced |"]
     assert rows["pfedhn"][5:8] == ["+4.3 ± 0.5 (n=3)", "-1.7", "reversed |"]
     assert rows["fedamp"][7] == "not reproduced |"
@@ -364,13 +366,7 @@ def test_paper_table_takes_a_label_whole_from_the_last_folder(tmp_path):
     _summaries(fair, "ktpfl_homo(temperature=1.0)", "pers_acc_mean", (0.80, 0.82, 0.84))
     _summaries(fair, "fedavg", "pers_acc_mean", (0.70, 0.70, 0.70))
     _summaries(paper, "fedavg", "pers_acc_mean", (0.79, 0.81))
-    out = subprocess.run(
-        [sys.executable, str(PAPER_TABLE), "ktpfl/fmnist20", str(fair), str(paper)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    _, rows = _paper_table("ktpfl/fmnist20", fair, paper)
     assert rows["fedavg"][1:4] == ["2", "80.0 ± 1.0", "80.0 ± 1.0"]
     assert rows["fedavg"][5] == "-1.0 ± 0.0 (n=2)"  # paired with ktpfl_homo's seeds 0 and 1
 
@@ -383,8 +379,7 @@ def test_paper_table_pfedsim_pattern_line(tmp_path):
     def table(accs: list[float]) -> str:
         for name, acc in zip(names, accs, strict=False):
             _summaries(tmp_path, name, "pers_acc_weighted", (acc, acc))  # seeds 0 and 1
-        cmd = [sys.executable, str(PAPER_TABLE), "pfedsim/dir01", str(tmp_path)]
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        return _paper_table("pfedsim/dir01", tmp_path)[0]
 
     out = table([0.9, 0.8, 0.85])  # FedBN and the FedAvg family not run yet
     first = "pfedsim first: yes so far (9 of the paper's 12 methods not run yet); "
