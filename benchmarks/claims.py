@@ -187,7 +187,8 @@ CLAIMS: list[Claim | TrafficClaim] = [
           "no code variant of ScaMAP or SCAFFOLD: one protocol"),
     Claim("KT-pFL", "KT-pFL first on Fashion-MNIST, 20 clients (Table 2)", "ktpfl/fmnist20",
           "pers_acc_mean", "ktpfl_homo", None, *KT,
-          "pFedHN above it; FedFomo, rerun after its neighbour-choice fix, level with it"),
+          "fair: pFedHN above it; FedFomo, rerun after its neighbour-choice fix, level with it; "
+          "paper protocol (every label on every client): FedAvg second, KT-pFL sixth of eight"),
     Claim("KT-pFL", "KT-pFL above pFedHN (Table 2)", "ktpfl/fmnist20", "pers_acc_mean",
           "ktpfl_homo", "pfedhn", *KT),
     Claim("KT-pFL", "KT-pFL above pFedMe (Table 2)", "ktpfl/fmnist20", "pers_acc_mean",
