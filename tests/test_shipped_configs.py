@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from pflkit.algorithms import resolve_params
-from pflkit.engine.compare import compare_plan
+from pflkit.engine.compare import compare_plan, sweep_plan
 from pflkit.experiment import load_config
 
 CONFIGS = sorted(Path(__file__).parent.parent.glob("configs/**/*.yaml"))
@@ -44,25 +44,23 @@ def test_every_method_of_a_shipped_compare_averages_by_one_rule(path):
 RESULTS = Path(__file__).parent.parent / "results"
 
 
-def _kept_compare_folders() -> list[Path]:
-    return sorted(p.parent for p in RESULTS.glob("*/compare.yaml"))
+KEPT_COMPARES = sorted(p.parent for p in RESULTS.glob("*/compare.yaml"))
+CONFIG_NAMES = [(p, yaml.safe_load(p.read_text()).get("name")) for p in CONFIGS]
 
 
 def _config_named(name: str) -> Path:
-    found = [p for p in CONFIGS if yaml.safe_load(p.read_text()).get("name") == name]
+    found = [p for p, n in CONFIG_NAMES if n == name]
     assert len(found) == 1, f"the kept compare '{name}' has {len(found)} configs: {found}"
     return found[0]
 
 
-@pytest.mark.parametrize("folder", _kept_compare_folders(), ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", KEPT_COMPARES, ids=lambda p: p.name)
 def test_every_kept_run_is_its_configs_entry(folder):
     """Each kept run under results/ is one of its config's compare (or sweep) settings, with
     that setting's parameters: a run kept under a config whose entry it is not (the GPFL
     paper arm's first runs, made when ``--algorithms gpfl`` dropped the entry's parameters)
-    fails here. A key the run's config.yaml lacks is an option added after the run, whose
-    default is the behaviour the run had (each such option's docs say so)."""
-    from pflkit.engine.compare import sweep_plan
-
+    fails here. Keys the run's config.yaml lacks (options added after the run) are not
+    compared."""
     cfg = load_config(_config_named(yaml.safe_load((folder / "compare.yaml").read_text())["name"]))
     plan = sweep_plan(cfg) if cfg.sweep.grid else compare_plan(cfg)
     settings = {label: resolve_params(entry, cfg.train.weighting) for label, entry, _ in plan}

@@ -324,9 +324,10 @@ def _summaries(root: Path, label: str, key: str, accs: tuple[float, ...]) -> Non
         (folder / "summary.json").write_text(json.dumps(summary))
 
 
-def _paper_table(column: str, *folders: Path) -> tuple[str, dict[str, list[str]]]:
-    """benchmarks/paper_table.py's output and its table rows by label (cells split on ' | ')."""
-    cmd = [sys.executable, str(PAPER_TABLE), column, *map(str, folders)]
+def _paper_table(column: str, *args: Path | str) -> tuple[str, dict[str, list[str]]]:
+    """benchmarks/paper_table.py's output for ``column`` on ``args`` (folders, options) and its
+    table rows by their first cell (cells split on ' | ')."""
+    cmd = [sys.executable, str(PAPER_TABLE), column, *map(str, args)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
     return out, rows
@@ -404,9 +405,7 @@ def test_paper_table_pfedpm_column_by_hand(tmp_path):
         "fedavg": (0.70, 0.72),  # Delta -20, -20
     }.items():
         _summaries(tmp_path, label, "pers_acc_mean", accs)
-    cmd = [sys.executable, str(PAPER_TABLE), "pfedpm/fmnist_n4", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
+    out, rows = _paper_table("pfedpm/fmnist_n4", tmp_path)
     assert rows["fedavg"][4:8] == ["94.32", "-20.0 ± 0.0 (n=2)", "-3.2", "reproduced |"]
     assert rows["pfedpm-mh"][4:8] == ["97.7", "+1.5 ± 0.5 (n=2)", "+0.2", "reproduced |"]
     assert rows["fedproto(lam=1.0)"][4:7] == ["96.8", "-0.5 ± 0.5 (n=2)", "-0.7"]
@@ -428,8 +427,7 @@ def test_paper_table_lead_by_round_by_hand(tmp_path):
             rows.insert(0, {"round": 5, "train_loss": 1.0})  # a round without evaluation
             text = "".join(json.dumps(r) + "\n" for r in rows)
             (tmp_path / f"{label}-s{seed}" / "metrics.jsonl").write_text(text)
-    cmd = [sys.executable, str(PAPER_TABLE), "gpfl/fmnist_prac", str(tmp_path), "--by-round"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out, _ = _paper_table("gpfl/fmnist_prac", tmp_path, "--by-round")
     rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     # round 10: 55 vs FedRep 70; 20: 85 vs 80; 30: 75 vs FedRep 77; 40: 91 vs FedAvg 88
     assert rows == [
@@ -536,7 +534,7 @@ def test_paper_table_rows_by_label_for_a_sweep_and_an_ablation(tmp_path):
     _summaries(sim, "pfedsim(warmup_ratio=0.5)", "pers_acc_weighted", (0.90, 0.92))
     _summaries(sim, "pfedsim(warmup_ratio=0.7)", "pers_acc_weighted", (0.91, 0.94))  # +1, +2
     _summaries(sim, "pfedsim(warmup_ratio=1.0)", "pers_acc_weighted", (0.60, 0.62))  # -30, -30
-    rows = _table_rows("pfedsim/rho_dir01", sim)
+    _, rows = _paper_table("pfedsim/rho_dir01", sim)
     assert rows["pfedsim(warmup_ratio=0.7)"][4:8] == [
         "95.81", "+1.5 ± 0.5 (n=2)", "+0.1", "reproduced |"
     ]  # fmt: skip
@@ -548,15 +546,8 @@ def test_paper_table_rows_by_label_for_a_sweep_and_an_ablation(tmp_path):
     _summaries(gp, "gpfl(lam=0.01,mu=0.1)", "pers_acc_weighted", (0.90, 0.90))
     _summaries(gp, "gpfl(lam=0.01,mu=0.1,use_gce=False)", "pers_acc_weighted", (0.91, 0.91))
     _summaries(gp, "fedper", "pers_acc_weighted", (0.80, 0.82))
-    rows = _table_rows("gpfl/ablation_prac", gp)
+    _, rows = _paper_table("gpfl/ablation_prac", gp)
     assert rows["gpfl(lam=0.01,mu=0.1,use_gce=False)"][4:8] == [
         "39.48", "+1.0 ± 0.0 (n=2)", "-4.2", "reversed |"
     ]  # fmt: skip
     assert rows["fedper"][4:7] == ["38.45", "-9.0 ± 1.0 (n=2)", "-5.2"]
-
-
-def _table_rows(column: str, folder: Path) -> dict[str, list[str]]:
-    """paper_table.py's rows for ``column`` on ``folder``, by their first cell."""
-    cmd = [sys.executable, str(PAPER_TABLE), column, str(folder)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if "|" in line}
