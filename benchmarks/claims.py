@@ -132,7 +132,8 @@ CLAIMS: list[Claim | TrafficClaim] = [
     Claim("GPFL", "GPFL first on Fashion-MNIST prLS (Table 1)", "gpfl/fmnist_prac", W, "gpfl",
           None, *GPFL_PRAC, "fair: FedRep above GPFL at every evaluated round, the gap closing "
           "(10.3 points at round 10, 0.7 at 200); the paper's best of 2,000 rounds may lie past "
-          "a crossing", crosscheck="pfllib"),
+          "a crossing; paper protocol: GPFL in its authors' code forms eighth of eleven, Ditto "
+          "(no pull to the global model) first", crosscheck="pfllib"),
     Claim("GPFL", "GPFL first on Fashion-MNIST paLS (Table 1)", "gpfl/fmnist_pat", W, "gpfl",
           None, *GPFL_PAT, "fair: FedRep above GPFL up to round 150, below it from round 160 of 200",
           crosscheck="pfllib"),
