@@ -135,7 +135,9 @@ CLAIMS: list[Claim | TrafficClaim] = [
           "a crossing; paper protocol: GPFL in its authors' code forms eighth of eleven, Ditto "
           "(no pull to the global model) first", crosscheck="pfllib"),
     Claim("GPFL", "GPFL first on Fashion-MNIST paLS (Table 1)", "gpfl/fmnist_pat", W, "gpfl",
-          None, *GPFL_PAT, "fair: FedRep above GPFL up to round 150, below it from round 160 of 200",
+          None, *GPFL_PAT, "fair: FedRep above GPFL up to round 150, below it from round 160 of 200; "
+          "the verdicts differ by GPFL's forms: its authors' code forms score 1.0 below its paper "
+          "forms (best round 96.9 vs 97.9), under FedRep with one head epoch (97.3)",
           crosscheck="pfllib"),
     Claim("GPFL", "GPFL above FedRep, prLS", "gpfl/fmnist_prac", W, "gpfl", "fedrep",
           *GPFL_PRAC, "paper protocol: FedRep with one head epoch (94.4, best round) stays above "
