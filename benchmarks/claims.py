@@ -137,7 +137,7 @@ CLAIMS: list[Claim | TrafficClaim] = [
     Claim("GPFL", "GPFL first on Fashion-MNIST paLS (Table 1)", "gpfl/fmnist_pat", W, "gpfl",
           None, *GPFL_PAT, "fair: FedRep above GPFL up to round 150, below it from round 160 of 200; "
           "the verdicts differ by GPFL's forms: its authors' code forms score 1.0 below its paper "
-          "forms (best round 96.9 vs 97.9), under FedRep with one head epoch (97.3)",
+          "forms (best round 96.9 vs 97.9), below FedRep with one head epoch (97.3)",
           crosscheck="pfllib"),
     Claim("GPFL", "GPFL above FedRep, prLS", "gpfl/fmnist_prac", W, "gpfl", "fedrep",
           *GPFL_PRAC, "paper protocol: FedRep with one head epoch (94.4, best round) stays above "
