@@ -557,3 +557,28 @@ def test_bad_paths_and_waits_are_one_sentence(cli, cfg_file, tmp_path, args, mes
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing left behind
+
+
+def test_a_continued_run_takes_the_compares_engine_not_its_stored_one(monkeypatch, tmp_path):
+    """A run started with two client worker processes (one job) and continued by a compare at
+    --jobs 2 (one worker a run) gets one worker: the stored engine.workers would put three busy
+    processes on two cores. Nothing else stored changes."""
+    from pflkit.engine import compare, runner
+    from pflkit.experiment import validate
+
+    folder = tmp_path / "fedavg-s0"
+    folder.mkdir()
+    stored = tiny_config(engine={"workers": 2}, train={"lr": 0.03})
+    (folder / "config.yaml").write_text(yaml.safe_dump(stored))
+    seen = []
+    monkeypatch.setattr(
+        compare,
+        "run_experiment",
+        lambda resume, data, progress, overrides=None: seen.append(
+            runner.resume_config(resume, overrides or [])
+        ),
+    )
+    solo = validate(tiny_config(engine={"workers": 1, "threads_per_worker": 2}))
+    compare._run_one(solo, folder, None, False)
+    assert seen[0].engine.workers == 1 and seen[0].engine.threads_per_worker == 2
+    assert seen[0].train.lr == 0.03

@@ -140,9 +140,16 @@ def _run_one(
     cfg: ExperimentConfig, folder: Path, data: FederatedDataset | None, progress: bool | None
 ) -> None:
     """Run ``cfg`` into ``folder``, or continue the run there (from its checkpoint, or from
-    round 1 when it stopped before the first one)."""
+    round 1 when it stopped before the first one). A continued run keeps its stored settings
+    except where client work runs, which is ``cfg``'s (one worker process a run at
+    ``--jobs`` > 1, however many the run had when it started; no number changes)."""
     if (folder / "config.yaml").exists():
-        run_experiment(resume=folder, data=data, progress=progress)
+        e = cfg.engine
+        engine = [
+            f"engine.workers={e.workers}",
+            f"engine.threads_per_worker={e.threads_per_worker}",
+        ]
+        run_experiment(resume=folder, overrides=engine, data=data, progress=progress)
     else:
         run_experiment(cfg, out=folder, data=data, progress=progress)
 
