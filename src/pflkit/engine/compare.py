@@ -144,11 +144,7 @@ def _run_one(
     except where client work runs, which is ``cfg``'s (one worker process a run at
     ``--jobs`` > 1, however many the run had when it started; no number changes)."""
     if (folder / "config.yaml").exists():
-        e = cfg.engine
-        engine = [
-            f"engine.workers={e.workers}",
-            f"engine.threads_per_worker={e.threads_per_worker}",
-        ]
+        engine = [f"engine.{k}={v}" for k, v in cfg.engine.model_dump().items()]
         run_experiment(resume=folder, overrides=engine, data=data, progress=progress)
     else:
         run_experiment(cfg, out=folder, data=data, progress=progress)
