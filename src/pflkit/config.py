@@ -36,6 +36,23 @@ class _Section(StrictNumbers):
     pass
 
 
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(v: Any) -> Any:
+    """A byte count from a number or a string such as "512MB" or "4 GiB" (anything else is
+    left for the field's own validation to refuse)."""
+    if isinstance(v, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", v)
+        if not m or m.group(2).upper() not in _UNITS:
+            raise ValueError(f"must be a number of bytes or a size such as '512MB' or '4GiB' (got {v!r})")
+        return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+        raise ValueError("must be a number of bytes >= 0")
+    return v
+
+
 def _named(v: dict[str, Any], example: str) -> dict[str, Any]:
     if "name" not in v:
         raise ValueError(f"needs a 'name' (e.g. {example})")
@@ -67,6 +84,10 @@ class DataConfig(_Section):
     # (what ``pflkit sweep --select val`` selects on); 0: none
     val_fraction: float = Field(0.0, ge=0, lt=1)
     public: PublicConfig | None = None
+    # pFL's generalisation to new clients: this share of the clients (a seeded draw from
+    # data.seed) never trains; they are scored after the personalization step their algorithm
+    # defines (Algorithm.adapt; docs/guide.md, "Held-out clients"). 0: none
+    holdout_clients: float = Field(0.0, ge=0, lt=1)
     cache: bool = True  # cache partitions on disk, keyed by a hash of their parameters
     seed: int = Field(
         0, ge=0, le=MAX_SEED
@@ -230,6 +251,17 @@ class EvalConfig(_Section):
     # code scores clients so (LocalTest.fine_tune, --ft_round 10). Costs K local epochs per
     # client per evaluation (pflkit.engine.clients.evaluate_client)
     finetune_epochs: int = Field(0, ge=0, le=MAX_EPOCHS)
+    # which clients' personalized models an evaluation round scores: all of them, or a seeded
+    # sample of N (the same for every algorithm of a compare; a new sample each evaluation
+    # round); the row then reports the estimate and its standard error (docs/guide.md)
+    clients: int | Literal["all"] = "all"
+
+    @field_validator("clients")
+    @classmethod
+    def _sample_size(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be 'all' or a positive number of clients to sample")
+        return v
 
 
 class EngineConfig(_Section):
@@ -243,6 +275,23 @@ class EngineConfig(_Section):
 
     workers: int | Literal["auto"] = "auto"
     threads_per_worker: int = Field(1, gt=0, le=MAX_THREADS)  # torch threads in each worker process
+    # where the workers run: this machine's process pool, or a Ray cluster's workers
+    # (``pip install 'pflkit[ray]'``; pflkit.engine.ray_runner)
+    runner: Literal["pool", "ray"] = "pool"
+    # the Ray cluster to join (``ray start --head`` prints it, e.g. 10.0.0.5:6379); null: a
+    # cluster started on this machine for the run
+    ray_address: str | None = None
+    # the resources one Ray worker takes (fractions share a GPU)
+    ray_cpus: float = Field(1.0, gt=0)
+    ray_gpus: float = Field(0.0, ge=0)
+    # bytes of client states kept in memory (an LRU cache); the rest live on disk under the
+    # run folder (pflkit.engine.states). A number of bytes or a size such as "512MB", "4GiB"
+    state_memory: int = 4 * 2**30
+
+    @field_validator("state_memory", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_size(v)
 
     @field_validator("workers")
     @classmethod
