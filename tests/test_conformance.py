@@ -19,6 +19,7 @@ from conftest import tiny_config  # noqa: E402
 from flower_fakes import FakeGrid, assert_rows_close, flower_run, task_identity  # noqa: E402
 from pflkit import algorithms  # noqa: E402
 from pflkit.algorithms import ALGORITHM_MODULES, ALGORITHMS  # noqa: E402
+from pflkit.algorithms.base import nbytes  # noqa: E402
 from pflkit.engine import Simulation, run_experiment  # noqa: E402
 from pflkit.engine.clients import InProcess, ProcessPool, TrainJob  # noqa: E402
 from pflkit.errors import PflkitError  # noqa: E402
@@ -167,7 +168,7 @@ def test_payloads_uploads_and_states_are_plain_data(name, reference):
     # states (and the server's) load with torch.load(weights_only=True), as checkpoints do
     sim = Simulation(conformance_config(name))
     sim.run_round(1)
-    for obj in (sim.server, sim.clients):
+    for obj in (sim.server, dict(sim.clients)):
         buf = io.BytesIO()
         torch.save(obj, buf)
         buf.seek(0)
@@ -216,6 +217,39 @@ def test_resume_equals_an_uninterrupted_run(name, reference, tmp_path, monkeypat
     monkeypatch.setattr(Simulation, "run_round", real)
     resumed = run_experiment(resume=tmp_path / "cut")
     assert rows_of(resumed) == rows_of(result)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_states_on_disk_equal_states_in_memory_and_resume(name, reference, tmp_path, monkeypatch):
+    """engine.state_memory 0 keeps no client state in memory: every state goes to disk after
+    its write and is read back when next needed; the rows are the in-memory run's bit for
+    bit, and so are those of a run cut in round 3 and resumed from its checkpoint (whose
+    state versions are the files the store kept)."""
+    result, _ = reference(name)
+    disk = {"state_memory": 0, "workers": 1}
+    sim = Simulation(conformance_config(name, engine=disk), state_dir=tmp_path / "states")
+    rows = [sim.run_round(rnd) for rnd in (1, 2, 3)]
+    assert sim.clients.bytes_in_memory == 0
+    reads, writes = sim.clients.reads, sim.clients.writes  # in the rounds
+    if any(nbytes(state) for state in sim.clients.values()):  # the clients keep a state
+        assert writes > 0 and reads > 0
+    sim.close()
+    assert [{k: v for k, v in r.items() if not k.startswith("seconds_")} for r in rows] == rows_of(
+        result
+    )
+    real = Simulation.run_round
+
+    def interrupted_in_round_3(self, rnd):
+        if rnd == 3:
+            raise KeyboardInterrupt
+        return real(self, rnd)
+
+    monkeypatch.setattr(Simulation, "run_round", interrupted_in_round_3)
+    cfg = conformance_config(name, engine=disk, output={"checkpoint_every": 2, "progress": False})
+    with pytest.raises(PflkitError, match="the last checkpoint is kept"):
+        run_experiment(cfg, out=tmp_path / "cut")
+    monkeypatch.setattr(Simulation, "run_round", real)
+    assert rows_of(run_experiment(resume=tmp_path / "cut")) == rows_of(result)
 
 
 @pytest.mark.parametrize("name", NAMES)

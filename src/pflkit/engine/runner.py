@@ -9,6 +9,8 @@ A run folder holds::
     checkpoints/latest.pt  when output.checkpoint_every > 0 (then always of the last round:
                          a finished run keeps its final state, :func:`load_finished`), or
                          after an interrupt
+    states/              client states, one safetensors file each: those a checkpoint names,
+                         and those beyond engine.state_memory (pflkit.engine.states)
 
 Everything that can fail because of user input (config, data, model, algorithm parameters)
 is checked before the folder is created.
@@ -48,6 +50,7 @@ from pflkit.report.summary import summarize
 from pflkit.report.trackers import Reporter, check_trackers
 
 CHECKPOINT = Path("checkpoints") / "latest.pt"
+STATES = Path("states")  # client states beyond engine.state_memory, and checkpoints' versions
 
 
 @dataclass
@@ -144,7 +147,7 @@ def load_finished(run_dir: Path) -> Simulation:
             "output.checkpoint_every was 0): run it again with --set output.checkpoint_every="
             f"{rounds} (any value above 0 keeps the last round's)"
         )
-    sim = Simulation(cfg, runner=InProcess())
+    sim = Simulation(cfg, runner=InProcess(), state_dir=run_dir / STATES)
     try:
         sim.restore(
             ckpt,
@@ -184,7 +187,7 @@ def run_experiment(
         run_dir = new_run_dir(cfg, out)
     # validates and builds everything before anything is written
     check_trackers(cfg)
-    sim = Simulation(cfg, data, runner)
+    sim = Simulation(cfg, data, runner, state_dir=run_dir / STATES)
     try:
         return _run(sim, cfg, run_dir, resume is not None, progress)
     finally:
@@ -295,6 +298,7 @@ def _run_locked(
         )
         rows = keep_rows(metrics_path, sim.round)
     else:
+        sim.restore(None)  # a run started again: no state file of an earlier attempt counts
         if resume:
             print(
                 f"pflkit: '{run_dir}' has no checkpoint (the run stopped before its first one): "

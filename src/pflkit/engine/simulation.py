@@ -53,6 +53,7 @@ from pflkit.engine.clients import (
     system_draw,
 )
 from pflkit.engine.envs import make_envs
+from pflkit.engine.states import ClientStates
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
 
@@ -84,8 +85,11 @@ class Simulation:
 
     Construct it (validates everything, builds data, environments and algorithm), then call
     :meth:`run_round` per round, and :meth:`close` at the end (or use it as a context manager).
-    ``runner`` runs the client work (default: the one ``engine.workers`` asks for). Nothing is
-    written to disk here, so a bad config never leaves a half-written run folder.
+    ``runner`` runs the client work (default: the one ``engine.workers`` asks for).
+    ``state_dir``: where client states beyond ``engine.state_memory`` and those of checkpoints
+    go (:class:`~pflkit.engine.states.ClientStates`; the run folder's ``states/``; None: a
+    temporary folder). Nothing is written to disk here, so a bad config never leaves a
+    half-written run folder.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class Simulation:
         cfg: ExperimentConfig,
         data: FederatedDataset | None = None,
         runner: ClientRunner | None = None,
+        state_dir: Path | None = None,
     ):
         self.cfg = cfg
         if cfg.threads:
@@ -112,13 +117,20 @@ class Simulation:
         self.algo.check(self.senv)
         seed_torch(cfg.seed, 0, 0xD0)
         self.server: State = self.algo.server_init(self.senv)
-        self.clients: dict[int, State] = {}
+        # the clients' states (in-process and process-pool runners), bounded in memory
+        self.clients = ClientStates(
+            lambda cid: init_client(self.algo, self.envs[cid], cfg.seed),
+            cfg.engine.state_memory,
+            state_dir,
+            self.senv.device,
+        )
         self.round = 0
         self.runner.start(cfg, data)  # on the CPU: a worker moves it to its own device
 
     def close(self) -> None:
-        """Stop the runner's workers (if any)."""
+        """Stop the runner's workers (if any) and remove a temporary state folder."""
         self.runner.close()
+        self.clients.close()
 
     def __enter__(self) -> Simulation:
         return self
@@ -128,9 +140,7 @@ class Simulation:
 
     # -- client state store (in-process and process-pool runners) ---------------------------------
     def client_state(self, cid: int) -> State:
-        if cid not in self.clients:
-            self.clients[cid] = init_client(self.algo, self.envs[cid], self.cfg.seed)
-        return self.clients[cid]
+        return self.clients.get_or_init(cid)
 
     def job_state(self, cid: int) -> State | None:
         """Client ``cid``'s state as its job carries it: None where the runner's clients keep
@@ -139,17 +149,27 @@ class Simulation:
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: Path, fingerprint: str = "") -> None:
-        """Checkpoint the round, server and client states, tagged with the run's
-        ``fingerprint`` (:func:`pflkit.engine.folder.fingerprint`)."""
+        """Checkpoint the round, the server state and the client states, tagged with the run's
+        ``fingerprint`` (:func:`pflkit.engine.folder.fingerprint`). Incremental: the client
+        states that changed since the last checkpoint are written to the state folder, and
+        the checkpoint records the index of the versions it stands for
+        (:meth:`~pflkit.engine.states.ClientStates.commit`)."""
         if not self.runner.keeps_state:  # client state lives elsewhere (Flower nodes)
             return
-        state = {"round": self.round, "server": self.server, "clients": self.clients}
+        index = self.clients.commit()
+        state = {"round": self.round, "server": self.server, "client_states": index}
         save_checkpoint(path, state | {"fingerprint": fingerprint})
+        self.clients.committed(index)
 
-    def restore(self, path: Path, fingerprints: tuple[str, ...] = ()) -> None:
+    def restore(self, path: Path | None, fingerprints: tuple[str, ...] = ()) -> None:
         """Continue from a checkpoint; one written for another configuration (a fingerprint
         not in ``fingerprints``, the run's current and legacy forms) is refused. Checkpoints
-        from before fingerprints were stored load as they are."""
+        from before fingerprints were stored load as they are, and those from before the state
+        store (client states inside the checkpoint) too. ``path`` None: start from round 0,
+        removing any state file an earlier attempt left."""
+        if path is None:
+            self.clients.restore(None)
+            return
         ckpt = load_checkpoint(path, self.senv.device)
         theirs = ckpt.get("fingerprint")
         if fingerprints and theirs and theirs not in fingerprints:
@@ -158,7 +178,10 @@ class Simulation:
                 "config.yaml (edited by hand, or copied from another run): resume only "
                 "continues a run with its own config; start a new run instead"
             )
-        self.round, self.server, self.clients = ckpt["round"], ckpt["server"], ckpt["clients"]
+        self.round, self.server = ckpt["round"], ckpt["server"]
+        self.clients.restore(ckpt.get("client_states"))
+        for cid, state in ckpt.get("clients", {}).items():  # a checkpoint from before the store
+            self.clients[cid] = state
 
     # -- the round loop ----------------------------------------------------------------------------
     def run_round(self, rnd: int) -> dict[str, Any]:
