@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple
 
+import numpy as np
 from pydantic import Field, ValidationError
 from torch import Tensor, nn
 
@@ -192,9 +193,12 @@ def weighted_average(
 
 
 def nbytes(obj: Any) -> int:
-    """Exact size of a payload/upload: tensor bytes, 8 per number, UTF-8 length of strings."""
+    """Exact size of a payload/upload: tensor and array bytes, 8 per number, UTF-8 length of
+    strings."""
     if isinstance(obj, Tensor):
         return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray | np.generic):
+        return int(obj.nbytes)
     if isinstance(obj, Mapping):
         return sum(nbytes(v) for v in obj.values())
     if isinstance(obj, list | tuple):

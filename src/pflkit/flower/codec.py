@@ -21,9 +21,7 @@ SCHEMA = "schema"
 def encode(obj: Any) -> tuple[str, dict[str, np.ndarray]]:
     """``obj`` as (JSON schema, arrays) (:func:`pflkit.plain.flatten`, tensors as arrays)."""
     schema, leaves = flatten(obj)
-    return schema, {
-        k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in leaves.items()
-    }
+    return schema, {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in leaves.items()}
 
 
 def decode(schema: str, arrays: dict[str, np.ndarray], device: Any = None) -> Any:
