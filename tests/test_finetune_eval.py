@@ -37,7 +37,7 @@ def rows(result_rows) -> list[dict]:
 def run(cfg, rounds: int):
     with Simulation(cfg) as sim:
         out = [sim.run_round(r) for r in range(1, rounds + 1)]
-        return rows(out), sim.server, sim.clients
+        return rows(out), sim.server, dict(sim.clients)
 
 
 def equal(a, b) -> bool:

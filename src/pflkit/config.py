@@ -86,8 +86,19 @@ class DataConfig(_Section):
     public: PublicConfig | None = None
     # pFL's generalisation to new clients: this share of the clients (a seeded draw from
     # data.seed) never trains; they are scored after the personalization step their algorithm
-    # defines (Algorithm.adapt; docs/guide.md, "Held-out clients"). 0: none
+    # defines (Algorithm.adapt_holdout; docs/guide.md, "Held-out clients"). 0: none
     holdout_clients: float = Field(0.0, ge=0, lt=1)
+
+    @field_validator("holdout_clients")
+    @classmethod
+    def _leaves_trainers(cls, v: float, info: Any) -> float:
+        k = info.data.get("num_clients")
+        if k is not None and round(v * k) >= k:
+            raise ValueError(
+                f"holds out round({v} x {k}) = {round(v * k)} of the {k} clients and leaves "
+                "none to train: lower it, or use more clients"
+            )
+        return v
     cache: bool = True  # cache partitions on disk, keyed by a hash of their parameters
     seed: int = Field(
         0, ge=0, le=MAX_SEED

@@ -23,7 +23,9 @@ engine runs it (``engine/simulation.py``)::
 Evaluation takes the same inputs in every engine: the server computes
 ``view = eval_view(senv, server, cid, rnd)`` (default: the global model) and the client scores
 ``personal_weights(env, view, state, ctx)`` (None: "the global model", ``view["weights"]``);
-MAP's protocol scores ``trained_weights(env, view, upload, state, ctx)``.
+MAP's protocol scores ``trained_weights(env, view, upload, state, ctx)``; a held-out client
+(``data.holdout_clients``) is scored after ``adapt_holdout(env, payload, state, ctx)``, its
+personalization step.
 ``global_weights(senv, server, rnd)`` is the server's model on the global test set.
 Per-client private state (a personal model, a control variate, an HPM) starts as
 ``client_init(env)`` and lives with the client; per-client *server* state lives in the server
@@ -172,6 +174,25 @@ class Algorithm:
         model if it keeps one, else the model it uploaded."""
         personal = self.personal_weights(env, view, state, ctx)
         return personal if personal is not None else upload["weights"]
+
+    def adapt_holdout(
+        self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext
+    ) -> State:
+        """The personalization step of a held-out client (``data.holdout_clients``: a client
+        that never trains), run before it is scored with :meth:`personal_weights`. The engine
+        calls it once per phase of ``phases(round)``, in order, with the payload ``configure``
+        gives that client from the server state after the round, ``ctx.phase`` the phase's
+        name, and the state the previous call returned (first: ``client_init``); torch is
+        seeded from (seed, round, phase index, client). The adapted state is scored, then
+        thrown away: nothing is uploaded and the server never sees it.
+
+        Default: the client's own local update, as if it had been selected
+        (``client_update(...).state``). A client whose personalized model is the global model
+        (FedAvg, FedProx, ...) is then still scored with the global model; Ditto trains its
+        personal model, FedRep its head on the received body, Local its own model from its
+        first state. An algorithm whose local update needs what a held-out client cannot have
+        overrides it (docs/guide.md, "Held-out clients", lists which)."""
+        return self.client_update(env, payload, state, ctx).state
 
 
 # how the server averages client models: by n_k (FedAvg) or the plain mean (MAP Alg. 1)

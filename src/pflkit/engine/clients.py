@@ -24,6 +24,7 @@ return none).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -177,11 +178,14 @@ def evaluate_client(
     batch_size: int,
     upload: Upload | None = None,
     finetune_epochs: int = 0,
+    adapt: Sequence[tuple[str, Payload]] | None = None,
 ) -> dict[str, float]:
     """The client's accuracy on its local test split (``"test"``) and, when it has one
     (``data.val_fraction``), on its local validation split (``"val"``), both scored by the
-    one model :func:`scored_model` gives."""
-    model, d = scored_model(algo, env, view, state, ctx, upload, finetune_epochs), env.data
+    one model :func:`scored_model` gives (``adapt``: a held-out client's phases and payloads,
+    :func:`adapt_client`)."""
+    model = scored_model(algo, env, view, state, ctx, upload, finetune_epochs, adapt)
+    d = env.data
     acc = {"test": accuracy(model, d.test_x, d.test_y, batch_size)}
     if d.val_y is not None:
         acc["val"] = accuracy(model, d.val_x, d.val_y, batch_size)
@@ -196,15 +200,20 @@ def scored_model(
     ctx: RoundContext,
     upload: Upload | None = None,
     finetune_epochs: int = 0,
+    adapt: Sequence[tuple[str, Payload]] | None = None,
 ) -> nn.Module:
     """The module that evaluation scores for the client: its personalized model
-    (``personal_weights``) or with ``upload`` MAP's protocol (``trained_weights``), built by the
+    (``personal_weights``; for a held-out client, given ``adapt``, of the state its
+    personalization step leaves, :func:`adapt_client`) or with ``upload`` MAP's protocol
+    (``trained_weights``), built by the
     algorithm's :meth:`~pflkit.algorithms.Algorithm.scoring_model` (default: the client's
     model). A client whose personalized model is the global model gets ``view["weights"]``.
     With ``finetune_epochs`` (``eval.finetune_epochs``) > 0, a copy of that model fine-tuned on
     the client's training split (:func:`finetune_for_eval`). Torch is seeded first
     (:func:`seed_eval`), so every caller gets the same model."""
     selected = upload is not None
+    if adapt is not None:
+        state = adapt_client(algo, env, adapt, state, ctx)
     seed_eval(ctx.seed, ctx.round, env.cid, selected)
     # ctx: personal_weights may train (FedAvg-FT's fine-tuning)
     if upload is not None:
@@ -221,6 +230,28 @@ def scored_model(
     if finetune_epochs:
         model = finetune_for_eval(model, env, ctx, finetune_epochs, selected)
     return model
+
+
+HOLDOUT = 0xAD  # the torch stream of held-out clients' personalization steps
+
+
+def adapt_client(
+    algo: Algorithm,
+    env: ClientEnv,
+    payloads: Sequence[tuple[str, Payload]],
+    state: State,
+    ctx: RoundContext,
+) -> State:
+    """A held-out client's personalization step (``data.holdout_clients``):
+    ``algo.adapt_holdout``
+    once per ``(phase, payload)`` of ``payloads`` (the round's phases, each with the payload
+    ``configure`` gave the client), in the evaluation round's context with that phase's name,
+    torch seeded from (seed, round, ``HOLDOUT``, phase index, client), so every runner gets the
+    same adapted state. Returns it; the caller scores it and throws it away."""
+    for p, (phase, payload) in enumerate(payloads):
+        seed_torch(ctx.seed, ctx.round, HOLDOUT, p, env.cid)
+        state = algo.adapt_holdout(env, payload, state, dataclasses.replace(ctx, phase=phase))
+    return state
 
 
 def finetune_for_eval(
@@ -268,6 +299,9 @@ class EvalJob:
     batch_size: int  # eval.batch_size
     finetune_epochs: int = 0  # eval.finetune_epochs
     upload: Upload | None = None  # MAP's protocol: the client's last upload of the round
+    # a held-out client (data.holdout_clients): (phase, payload) per phase of the round, run
+    # through Algorithm.adapt_holdout before scoring (adapt_client); None: an ordinary client
+    adapt: tuple[tuple[str, Payload], ...] | None = None
 
     def run(self, algo: Algorithm, env: ClientEnv) -> dict[str, float]:
         return evaluate_client(
@@ -279,6 +313,7 @@ class EvalJob:
             self.batch_size,
             self.upload,
             self.finetune_epochs,
+            self.adapt,
         )
 
 

@@ -29,7 +29,9 @@ whichever runner runs the clients.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ from pflkit.engine.clients import (
     system_draw,
 )
 from pflkit.engine.envs import make_envs
+from pflkit.engine.population import TrainedClients, held_out
 from pflkit.engine.states import ClientStates
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
@@ -69,15 +72,31 @@ def round_fraction(seed: int, rnd: int, fraction: float | list[float]) -> float:
 
 
 def sample_clients(
-    seed: int, rnd: int, num_clients: int, fraction: float | list[float]
+    seed: int,
+    rnd: int,
+    num_clients: int,
+    fraction: float | list[float],
+    holdout: tuple[int, ...] = (),
 ) -> list[int]:
-    """Clients taking part in round ``rnd``: max(round(share * K), 1) without replacement,
-    ``share`` = :func:`round_fraction` (``fraction`` itself for a number)."""
-    m = max(int(round(round_fraction(seed, rnd, fraction) * num_clients)), 1)
-    if m >= num_clients:
-        return list(range(num_clients))
+    """Clients taking part in round ``rnd``: max(round(share * K), 1) without replacement of
+    the K clients that train, ``share`` = :func:`round_fraction` (``fraction`` itself for a
+    number). ``holdout``: clients that never train (``data.holdout_clients``,
+    :func:`~pflkit.engine.population.holdout_clients`); K counts the others, and the draw is
+    of positions among them, so without held-out clients it is the one it always was."""
+    pool = range(num_clients)
+    if holdout:
+        out = set(holdout)
+        pool = [c for c in range(num_clients) if c not in out]
+    k = len(pool)
+    m = max(int(round(round_fraction(seed, rnd, fraction) * k)), 1)
+    if m >= k:
+        return list(pool)
     rng = np.random.default_rng([seed, rnd, 0x5A])
-    return sorted(int(c) for c in rng.choice(num_clients, m, replace=False))
+    return sorted(int(pool[c]) for c in rng.choice(k, m, replace=False))
+
+
+EVAL_CHUNK = 1024  # evaluation jobs handed to the runner at once, at most
+MIN_CHUNK = 8  # ... and at least, however large the states (the workers stay busy)
 
 
 class Simulation:
@@ -124,6 +143,8 @@ class Simulation:
             state_dir,
             self.senv.device,
         )
+        # who has trained by a round: derived from the seeds alone (nothing to checkpoint)
+        self.trained = TrainedClients(cfg, self.data.num_clients, sample_clients)
         self.round = 0
         self.runner.start(cfg, data)  # on the CPU: a worker moves it to its own device
 
@@ -183,12 +204,31 @@ class Simulation:
         for cid, state in ckpt.get("clients", {}).items():  # a checkpoint from before the store
             self.clients[cid] = state
 
+    def run_bounded(
+        self, jobs: Iterable[EvalJob], meanwhile: Callable[[], None] | None = None
+    ) -> dict[int, Any]:
+        """The runner's results of ``jobs``, run in chunks whose client states take at most half
+        of ``engine.state_memory`` (and at most ``EVAL_CHUNK`` jobs; at least
+        ``MIN_CHUNK``), so scoring a population never holds every client's state at once;
+        ``meanwhile`` runs with the first chunk."""
+        out: dict[int, Any] = {}
+        budget, chunk, size = self.cfg.engine.state_memory // 2, [], 0
+        for j in jobs:
+            chunk.append(j)
+            size += 0 if j.state is None else nbytes(j.state)
+            if len(chunk) >= EVAL_CHUNK or (size > budget and len(chunk) >= MIN_CHUNK):
+                out.update(self.runner.run(self.algo, self.envs, chunk, meanwhile))
+                chunk, size, meanwhile = [], 0, None
+        if chunk or meanwhile is not None:
+            out.update(self.runner.run(self.algo, self.envs, chunk, meanwhile))
+        return out
+
     # -- the round loop ----------------------------------------------------------------------------
     def run_round(self, rnd: int) -> dict[str, Any]:
         cfg, algo, senv = self.cfg, self.algo, self.senv
         t0 = time.perf_counter()
         fraction = cfg.train.client_fraction
-        selected = sample_clients(cfg.seed, rnd, self.data.num_clients, fraction)
+        selected = sample_clients(cfg.seed, rnd, self.data.num_clients, fraction, held_out(cfg))
         draws = {cid: system_draw(cfg.system, cfg.seed, rnd, cid) for cid in selected}
         dropped = [cid for cid in selected if draws[cid][0]]
         stragglers = [cid for cid in selected if draws[cid][1]]
@@ -262,9 +302,22 @@ class Simulation:
 
     def evaluate(self, rnd: int, uploads: dict[int, Upload]) -> dict[str, Any]:
         """The evaluation fields of round ``rnd``'s row (``uploads``: the round's last ones).
-        The server scores the global model on the global test set while the runner has every
-        client score its personalized model on its local test split; with a validation split,
-        both also on validation data (the ``val_*`` fields)."""
+        The server scores the global model on the global test set while the runner has the
+        clients score their personalized models on their local test splits; with a validation
+        split, both also on validation data (the ``val_*`` fields).
+
+        Which clients (:mod:`pflkit.engine.population`): with ``eval.clients: all`` every
+        training client, with ``eval.clients: n`` a sample of n of them drawn from (seed,
+        round) alone, the row then giving estimates with standard errors and ``eval_clients``
+        (:func:`~pflkit.eval.evaluate.sampled_metrics`). Scored clients that have not trained
+        yet are reported apart (:func:`~pflkit.eval.evaluate.trained_split`) whenever there are
+        any, and always under sampling. Held-out clients (``data.holdout_clients``; all, or a
+        sample of at most n) are scored after their personalization step
+        (:meth:`~pflkit.algorithms.Algorithm.adapt_holdout`, run by the runner on a state
+        thrown away afterwards) and reported as ``holdout_acc_*``."""
+        from pflkit.engine.population import eval_sample, training_clients
+        from pflkit.eval.evaluate import holdout_metrics, sampled_metrics, trained_split
+
         cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
         row: dict[str, Any] = {}
         gw = algo.global_weights(senv, self.server, rnd)
@@ -277,23 +330,59 @@ class Simulation:
                     row.update(global_val_metrics(model, gw, *self.val_xy, cfg.eval.batch_size))
 
         n, ctx, e = data.num_clients, round_context(senv.run, rnd, EVALUATE), cfg.eval
-        views = {cid: algo.eval_view(senv, self.server, cid, rnd) for cid in range(n)}
+        holdout = held_out(cfg)
+        if holdout and not self.runner.keeps_state:
+            raise PflkitError(
+                "data.holdout_clients needs client states in the engine, which this runner "
+                "(Flower) keeps on its nodes: run it in the simulation, or set it to 0"
+            )
+        population = training_clients(n, holdout)
+        scored = eval_sample(cfg.seed, rnd, population, e.clients)
+        scored_holdout = eval_sample(cfg.seed, rnd, list(holdout), e.clients, stream=0xE5B)
+        views: dict[int, Any] = {}
+
+        def view(cid: int) -> Any:  # only of the clients scored: a sample costs its size
+            if cid not in views:
+                views[cid] = algo.eval_view(senv, self.server, cid, rnd)
+            return views[cid]
 
         def job(cid: int, upload: Upload | None = None) -> EvalJob:
             state = self.job_state(cid)
-            return EvalJob(cid, views[cid], state, ctx, e.batch_size, e.finetune_epochs, upload)
+            return EvalJob(cid, view(cid), state, ctx, e.batch_size, e.finetune_epochs, upload)
 
-        acc = self.runner.run(algo, self.envs, [job(cid) for cid in range(n)], score_global)
+        def holdout_job(cid: int) -> EvalJob:
+            steps = tuple(
+                (phase, algo.configure(senv, self.server, cid, rnd, phase))
+                for phase in algo.phases(rnd)
+            )
+            state = self.job_state(cid)  # never trained: its first state
+            return EvalJob(cid, view(cid), state, ctx, e.batch_size, e.finetune_epochs, adapt=steps)
+
+        jobs = itertools.chain(map(job, scored), map(holdout_job, scored_holdout))
+        acc = self.run_bounded(jobs, score_global)
         counts = np.array([len(c.test_y) for c in data.clients], dtype=float)
-        row.update(personal_metrics({cid: a["test"] for cid, a in acc.items()}, n, counts))
+        test = {cid: acc[cid]["test"] for cid in scored if cid in acc}
+        if e.clients == "all":
+            row.update(personal_metrics(test, n, counts))
+        else:
+            row.update(sampled_metrics(test, len(population), counts))
+            row["pers_acc_clients"] = [test.get(c) for c in range(n)]
+            row["eval_clients"] = len(test)
         if self.val_xy is not None:
             val_counts = np.array([len(c.val_y) for c in data.clients], dtype=float)
-            row.update(val_metrics({cid: a["val"] for cid, a in acc.items()}, val_counts))
+            val = {cid: acc[cid]["val"] for cid in scored if cid in acc}
+            row.update(val_metrics(val, val_counts))
+        split = trained_split(test, self.trained.upto_round(rnd))
+        if split["eval_untrained"] or e.clients != "all":
+            row.update(split)
+        if holdout:
+            held = {cid: acc[cid]["test"] for cid in scored_holdout if cid in acc}
+            row.update(holdout_metrics(held, len(holdout), counts, n))
         if cfg.eval.selected_clients and uploads:
             selected = [job(cid, upload) for cid, upload in uploads.items()]
             sel = self.runner.run(algo, self.envs, selected)
             row["pers_acc_selected"] = float(np.mean([a["test"] for a in sel.values()]))
-        missing = sorted(set(range(n)) - set(acc))
+        missing = sorted((set(scored) | set(scored_holdout)) - set(acc))
         if missing:
             row["eval_failed_clients"] = missing
         return row

@@ -12,6 +12,23 @@
   on its own local validation split (``val_pers_acc_*``, the same summary) and the server's
   model on the union of the clients' validation splits (``val_global_acc``).
 
+**Sampled evaluation** (``eval.clients: n``): an evaluation round scores a simple random sample
+(without replacement) of n of the N training clients (:func:`sampled_metrics`); the summary
+numbers are then plug-in estimates from the sample, and the two means carry a standard error:
+
+- ``pers_acc_mean`` (the mean of per-client accuracy y_i), ``pers_acc_mean_se``: the SRS
+  standard error with the finite-population correction,
+  ``sqrt((1 - n/N) * s^2 / n)``, ``s^2 = sum_i (y_i - ybar)^2 / (n - 1)`` over the sample;
+- ``pers_acc_weighted`` (the pooled ratio R = sum c_i / sum m_i, c_i the client's correct
+  predictions, m_i its test samples), ``pers_acc_weighted_se``: the ratio estimator's
+  linearised standard error, ``sqrt((1 - n/N) / (n * mbar^2) * sum_i (c_i - R m_i)^2 / (n - 1))``,
+  ``mbar`` the sample mean of m_i (Cochran, Sampling Techniques, 3rd ed., §6.4).
+
+Both are 0 when n = N and null when n = 1 < N (no variance from one client). ``pers_acc_std``,
+``pers_acc_cv`` and ``pers_acc_worst10`` are the sample's own values, without a standard error.
+The same rules give the held-out clients' ``holdout_acc_*`` (:func:`holdout_metrics`).
+:func:`trained_split` reports the scored clients that have trained and those that have not apart.
+
 Each model is evaluated forward-only, in large batches. A client's own evaluation is
 :func:`pflkit.engine.clients.evaluate_client`, which every runner executes where the client
 runs (a client whose personalized model is the global model scores the global model). With
@@ -129,3 +146,83 @@ def val_metrics(acc: Mapping[int, float], counts: np.ndarray) -> dict[str, float
     validation twin)."""
     out = _present(acc, counts)
     return {f"val_{k}": v for k, v in out.items() if k != "pers_acc_cv"}
+
+
+def mean_se(acc: np.ndarray, population: int) -> float | None:
+    """Standard error of the mean of ``acc``, a simple random sample without replacement of
+    ``len(acc)`` = n of ``population`` = N clients: ``sqrt((1 - n/N) * s^2 / n)`` with the
+    sample variance ``s^2`` (``ddof=1``); 0 when n = N, None when n = 1 < N."""
+    n = len(acc)
+    if n >= population:
+        return 0.0
+    if n < 2:
+        return None
+    return math.sqrt((1 - n / population) * float(acc.var(ddof=1)) / n)
+
+
+def ratio_se(correct: np.ndarray, counts: np.ndarray, population: int) -> float | None:
+    """Standard error of the ratio estimator ``R = sum(correct) / sum(counts)`` (the pooled,
+    sample-weighted accuracy) from a simple random sample without replacement of n of
+    ``population`` = N clients, linearised: ``sqrt((1 - n/N) / (n * mbar^2) *
+    sum((correct - R * counts)^2) / (n - 1))``, ``mbar`` the sample mean of ``counts``; 0
+    when n = N, None when n = 1 < N or the sample has no test samples."""
+    n = len(counts)
+    if n >= population:
+        return 0.0
+    if n < 2 or counts.sum() <= 0:
+        return None
+    r = correct.sum() / counts.sum()
+    resid = correct - r * counts
+    mbar = counts.mean()
+    return math.sqrt((1 - n / population) / (n * mbar**2) * float((resid**2).sum()) / (n - 1))
+
+
+def sampled_metrics(
+    acc: Mapping[int, float], population: int, counts: np.ndarray, prefix: str = "pers_acc"
+) -> dict[str, float | None]:
+    """The summary of a sample of clients' accuracies ``acc`` (:func:`summarize_clients`, its
+    keys under ``prefix``) as estimates for a population of ``population`` clients, with
+    ``<prefix>_mean_se`` (:func:`mean_se`) and ``<prefix>_weighted_se`` (:func:`ratio_se`;
+    ``counts``: every client's test samples)."""
+    cids = sorted(acc)
+    a, m = np.array([acc[c] for c in cids], dtype=float), counts[cids]
+    out: dict[str, float | None] = _renamed(summarize_clients(a, m), prefix)
+    out[f"{prefix}_mean_se"] = mean_se(a, population)
+    out[f"{prefix}_weighted_se"] = ratio_se(a * m, m, population)
+    return out
+
+
+def _renamed(summary: dict[str, float], prefix: str) -> dict[str, float]:
+    return {prefix + k.removeprefix("pers_acc"): v for k, v in summary.items()}
+
+
+def trained_split(acc: Mapping[int, float], trained: np.ndarray) -> dict[str, float | int]:
+    """The scored clients (``acc``) that have trained (``trained[cid]``: selected in a round
+    so far and not dropped out) and those that have not, apart: ``pers_acc_trained`` and
+    ``pers_acc_untrained`` (unweighted means; a group without clients is left out) and their
+    counts ``eval_trained``, ``eval_untrained``."""
+    out: dict[str, float | int] = {}
+    for name, want in (("trained", True), ("untrained", False)):
+        group = [acc[c] for c in sorted(acc) if bool(trained[c]) is want]
+        out[f"eval_{name}"] = len(group)
+        if group:
+            out[f"pers_acc_{name}"] = float(np.mean(group))
+    return out
+
+
+def holdout_metrics(
+    acc: Mapping[int, float], population: int, counts: np.ndarray, num_clients: int
+) -> dict:
+    """The held-out clients' accuracies ``acc`` after their personalization step
+    (``data.holdout_clients``): :func:`summarize_clients` as ``holdout_acc_*`` (mean,
+    weighted, std, cv, worst10), with standard errors as :func:`sampled_metrics` gives them
+    when fewer than ``population`` (the held-out clients) were scored, their count
+    ``eval_holdout`` and the per-client list ``holdout_acc_clients`` (None for the others)."""
+    out: dict = {}
+    if acc:
+        out = sampled_metrics(acc, population, counts, "holdout_acc")
+        if len(acc) >= population:  # every held-out client: no sampling error to report
+            del out["holdout_acc_mean_se"], out["holdout_acc_weighted_se"]
+    out["eval_holdout"] = len(acc)
+    out["holdout_acc_clients"] = [acc.get(c) for c in range(num_clients)]
+    return out

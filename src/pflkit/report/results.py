@@ -54,6 +54,17 @@ METRICS = {
     "pers_acc_worst10": "worst 10% (%)",
     "global_acc": "global acc (%)",
 }
+# more metrics --metric can compare (a column of their own when chosen): the scored clients
+# that have trained / not yet (runs with partial participation or sampled evaluation) and the
+# held-out clients after their personalization step (data.holdout_clients)
+MORE_METRICS = {
+    "pers_acc_trained": "trained clients' acc (%)",
+    "pers_acc_untrained": "untrained clients' acc (%)",
+    "holdout_acc_mean": "held-out acc (%)",
+    "holdout_acc_weighted": "held-out weighted (%)",
+    "holdout_acc_worst10": "held-out worst 10% (%)",
+}
+CHOOSABLE = METRICS | MORE_METRICS
 # the fairness columns of --at best_test (GPFL's Table 3: std [CV x 10^-2] across clients)
 FAIRNESS = {"pers_acc_std": "std over clients (%)", "pers_acc_cv": "CV over clients (×100)"}
 _AT_TEXT = {
@@ -454,8 +465,8 @@ def build_report(
     """The tables of ``settings``: every setting (mean ± std over seeds, p-value against the
     best on ``metric``, cost; at ``best_test`` also the std and CV over clients), and with
     ``select`` the chosen setting of each algorithm."""
-    if metric not in METRICS:
-        raise PflkitError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
+    if metric not in CHOOSABLE:
+        raise PflkitError(f"unknown metric {metric!r}: use one of {', '.join(CHOOSABLE)}")
     if at not in AT:
         raise PflkitError(f"unknown --at {at!r}: use one of {', '.join(AT)}")
     if select not in ("val", "test", "none"):
@@ -466,7 +477,8 @@ def build_report(
             "selecting on validation needs runs with a validation split: run them with "
             "data.val_fraction > 0 (e.g. 0.1), or select on test (labelled as such)"
         )
-    shown = METRICS | (FAIRNESS if at == "best_test" else {})
+    shown = METRICS | {metric: CHOOSABLE[metric]} | (FAIRNESS if at == "best_test" else {})
+    sampled = _sampled(settings, metric, at)
     main = {s.label: values(s, metric, at) for s in settings}
     best = choose({k: _mean(v) for k, v in main.items()})
     numbers: dict[str, Any] = {}
@@ -484,20 +496,59 @@ def build_report(
             "seconds_per_round": sec,
         }
         cells = [s.label] + [_fmt(v) for v in cols.values()]
+        if sampled:
+            se = values(s, f"{metric}_se", at)
+            numbers[s.label][f"{metric}_se"] = list(se.values())
+            cells.append(_fmt_se(se))
         cells.append("best" if s.label == best else ("–" if p is None else f"{p:.3f}"))
         if has_val:
             v = values(s, metric, at, val=True)
             numbers[s.label]["val_" + metric] = list(v.values())
             cells.append(_fmt(v))
         rows.append(cells + [f"{kb / 1024:.1f}", f"{sec:.2f}"])
-    columns = ["setting", *shown.values(), "p vs best"]
+    columns = ["setting", *shown.values()]
+    if sampled:
+        columns.append(f"sampling SE: {CHOOSABLE[metric]}")
+    columns.append("p vs best")
     if has_val:
-        columns.append(f"validation: {METRICS[metric]}")
+        columns.append(f"validation: {CHOOSABLE[metric]}")
     columns += ["KB / client / round", "s / round"]
     tables = [Table("All settings", columns, rows)]
     if select != "none":
         tables.append(_selection(settings, at, metric, select, numbers))
-    return Report(_head(settings, at, metric), tables, numbers, settings)
+    head = _head(settings, at, metric) + (_sampling_note(settings, metric) if sampled else "")
+    return Report(head, tables, numbers, settings)
+
+
+def _sampled(settings: list[Setting], metric: str, at: At) -> bool:
+    """Whether a run of ``settings`` reports ``metric`` as an estimate from a sample of
+    clients (``eval.clients: n``, or a sample of held-out clients) with a standard error."""
+    return at != "val_round" and any(
+        value(r, f"{metric}_se", at) is not None for s in settings for r in s.runs
+    )
+
+
+def _fmt_se(v: dict[int, float]) -> str:
+    """The mean over seeds of a run's standard error, in %."""
+    return "–" if not v else f"± {100 * float(np.mean(list(v.values()))):.2f}"
+
+
+def _sampling_note(settings: list[Setting], metric: str) -> str:
+    sizes = sorted(
+        {
+            f"{r.config.get('eval', {}).get('clients')} of "
+            f"{r.config.get('data', {}).get('num_clients')}"
+            for s in settings
+            for r in s.runs
+        }
+    )
+    return (
+        f"\nSampled evaluation (eval.clients: {', '.join(sizes)} clients per evaluation round, "
+        f"the same sample for every setting): {CHOOSABLE[metric]} is an estimate; the "
+        "'sampling SE' column is its standard error within a run (finite-population "
+        "corrected; the pooled accuracies' by the ratio estimator), mean over seeds, beside "
+        "the ± over seeds of the other columns (docs/guide.md, Evaluation).\n"
+    )
 
 
 def _selection(
@@ -505,7 +556,7 @@ def _selection(
 ) -> Table:
     """One row per algorithm: its setting chosen on validation (or, with select test, on
     test, labelled) with its test number, and the best-on-test setting next to it."""
-    name = METRICS[metric]
+    name = CHOOSABLE[metric]
     columns = ["algorithm"]
     if select == "val":
         columns += ["chosen on validation", f"its test {name}"]
@@ -555,7 +606,7 @@ def _head(settings: list[Setting], at: At, metric: str) -> str:
         f"# {c.get('name', 'experiment')}\n\n{_setting(settings)}, batch "
         f"{t.get('batch_size')}, lr {t.get('lr')} (unless a setting's label says otherwise); "
         f"seeds {seeds}. {_AT_TEXT[at]}, mean ± std over seeds; p: two-sided paired t-test "
-        f"over seeds against the best setting on {METRICS[metric]}.\n"
+        f"over seeds against the best setting on {CHOOSABLE[metric]}.\n"
     )
 
 

@@ -1,7 +1,10 @@
 """Run summaries: the last-round numbers (the reported result), the mean over the last rounds,
 the round chosen on validation, labelled best-on-test numbers (among them the paper protocol
 of GPFL and many pFL papers: every number at the round of best pooled test accuracy),
-communication totals and timing, all derived from the rows of ``metrics.jsonl``."""
+communication totals and timing, all derived from the rows of ``metrics.jsonl``. Runs that
+sample their evaluation, have untrained or held-out clients carry those numbers too
+(:data:`POPULATION_KEYS`: estimates' standard errors, ``pers_acc_trained`` /
+``pers_acc_untrained``, ``holdout_acc_*`` and the counts)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,27 @@ ACC_KEYS = (
 )
 # a run with a validation split (data.val_fraction) records these too: "val_" + a test metric
 VAL_KEYS = tuple(f"val_{k}" for k in ACC_KEYS if k not in ("pers_acc_selected", "pers_acc_cv"))
+# what sampled evaluation (eval.clients: n), the trained / untrained split and held-out clients
+# (data.holdout_clients) add to a row (docs/guide.md, "Evaluation"); absent from runs that
+# scored every client, all of them trained, without held-out clients
+POPULATION_KEYS = (
+    "eval_clients",
+    "pers_acc_mean_se",
+    "pers_acc_weighted_se",
+    "pers_acc_trained",
+    "pers_acc_untrained",
+    "eval_trained",
+    "eval_untrained",
+    "holdout_acc_mean",
+    "holdout_acc_weighted",
+    "holdout_acc_std",
+    "holdout_acc_cv",
+    "holdout_acc_worst10",
+    "holdout_acc_mean_se",
+    "holdout_acc_weighted_se",
+    "eval_holdout",
+)
+REPORTED_KEYS = (*ACC_KEYS, *VAL_KEYS, *POPULATION_KEYS)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -36,6 +60,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def _finite(v: Any) -> bool:
     return isinstance(v, int | float) and math.isfinite(v)
+
+
+def _window_mean(window: list[dict[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over the rows of ``window`` that record a number for it (a row
+    without untrained clients has no ``pers_acc_untrained``; a standard error from one sampled
+    client is null); None when none does. A mean of standard errors bounds the standard error
+    of the mean of the rounds' estimates from above, not equal to it."""
+    got = [r[key] for r in window if r.get(key) is not None]
+    return float(np.mean(got)) if got else None
 
 
 def best_test(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -50,7 +83,7 @@ def best_test(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not scored:
         return None
     best = max(scored, key=lambda r: r["pers_acc_weighted"])  # the first of the best
-    return {"round": best["round"]} | {k: best[k] for k in (*ACC_KEYS, *VAL_KEYS) if k in best}
+    return {"round": best["round"]} | {k: best[k] for k in REPORTED_KEYS if k in best}
 
 
 def summarize(rows: list[dict[str, Any]], last: int = 0) -> dict[str, Any]:
@@ -64,12 +97,12 @@ def summarize(rows: list[dict[str, Any]], last: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {"rounds": rows[-1]["round"] if rows else 0}
     if evaluated:
         last_row = evaluated[-1]
-        keys = [k for k in (*ACC_KEYS, *VAL_KEYS) if k in last_row]
+        keys = [k for k in REPORTED_KEYS if k in last_row]
         out["final"] = {"round": last_row["round"]} | {k: last_row[k] for k in keys}
         if last:
             window = [r for r in evaluated if r["round"] > out["rounds"] - last]
             out["mean_last"] = {"rounds": [window[0]["round"], window[-1]["round"]]} | {
-                k: float(np.mean([r[k] for r in window])) for k in keys
+                k: _window_mean(window, k) for k in keys
             }
         val_round = {}
         for k in ACC_KEYS:

@@ -21,6 +21,10 @@ exchanges (``phases()``):
    ``order="distill_then_train"`` (FedMD's digest-revisit, the KT-pFL code's order) it then
    trains ``E`` epochs on its private data.
 
+A held-out client (``data.holdout_clients``), never in ``c``, is personalized by the same two
+phases (``Algorithm.adapt_holdout``'s default) with the uniform mean of the round's shared
+predictions as its teacher (FedMD's consensus; KT-pFL's ``c`` starts uniform).
+
 Subclasses only say how ``c`` is formed: uniform (FedMD), learned (KT-pFL), cosine similarity
 (Sim-pFD), top-K cosine (TopK-pFD). With partial participation the mixture runs over the
 clients of the round only, each student's column renormalised over them (§8.14).
@@ -234,7 +238,10 @@ class SoftTeacherKD(Algorithm):
         if phase == "share":
             idx = public_indices(env, rnd, self.params.public_per_round)
             return {} if idx is None else {"public_idx": idx}
-        return {"teacher": server["teachers"][cid].clone()}
+        teachers = server["teachers"]
+        if cid not in teachers:  # a held-out client (data.holdout_clients): no column of c
+            return {"teacher": server["soft"].mean(0)}  # the round's uniform consensus
+        return {"teacher": teachers[cid].clone()}
 
     def _train_private(self, env: ClientEnv, model: nn.Module, ctx: RoundContext) -> float:
         return env.train(model, ctx, epochs=self.local_epochs(env, ctx.round))
