@@ -37,6 +37,8 @@ CASES = [
     ("incomplete", {}, 20, True),
     ("nway_kshot", {"n": 3, "k": 10, "stdev": 2, "train_shots_max": 15}, 10, False),
     ("natural", {"select": "random"}, 12, False),
+    ("dirichlet_clients", {"alpha": 0.3}, 20, True),
+    ("quantity", {"beta": 0.5}, 20, True),
 ]
 
 

@@ -455,7 +455,8 @@ def partition(
     ] = False,
 ) -> None:
     """Show a partition: per-client class counts (table) and a PNG heatmap (train + test
-    (+ validation) samples, or --train-only)."""
+    (+ validation) samples, or --train-only). Above 50 clients the table is a summary:
+    quantiles of client sizes and classes per client, and their histograms."""
     from rich.table import Table
 
     from pflkit.data.federated import build_federated
@@ -471,17 +472,21 @@ def partition(
     splits = ["train", "test"] + (["val"] if data.has_val else [])
     table = sum(data.class_table(s) for s in (splits[:1] if train_only else splits))
     counted = "training samples" if train_only else f"samples ({' + '.join(splits)})"
-    t = Table(title=f"{cfg.data.dataset} {cfg.data.partition} (id {data.partition_id})")
-    t.add_column("client", justify="right")
-    for c in range(data.num_classes):
-        t.add_column(str(c), justify="right")
-    for s in splits:
-        t.add_column(s, justify="right")
-    for cid, row in enumerate(table):
-        c = data.clients[cid]
-        sizes = [str(len(getattr(c, f"{s}_y"))) for s in splits]
-        t.add_row(str(cid), *(str(int(v)) if v else "·" for v in row), *sizes)
-    out_console.print(t)
+    title = f"{cfg.data.dataset} {cfg.data.partition} (id {data.partition_id})"
+    if data.num_clients > PARTITION_ROWS_MAX:
+        _population_summary(title, table, data, splits, counted)
+    else:
+        t = Table(title=title)
+        t.add_column("client", justify="right")
+        for c in range(data.num_classes):
+            t.add_column(str(c), justify="right")
+        for s in splits:
+            t.add_column(s, justify="right")
+        for cid, row in enumerate(table):
+            c = data.clients[cid]
+            sizes = [str(c.size(s)) for s in splits]
+            t.add_row(str(cid), *(str(int(v)) if v else "·" for v in row), *sizes)
+        out_console.print(t)
     part = dict(cfg.data.partition)
     name = part.pop("name", "?")
     args = ", ".join(f"{k}={v}" for k, v in part.items())
@@ -496,6 +501,63 @@ def partition(
             f"cannot write the heatmap '{path}' ({err.strerror or err}): choose another --out"
         ) from None
     out_console.print(f"heatmap: {path}")
+
+
+PARTITION_ROWS_MAX = 50  # above this many clients `pflkit partition` summarises
+QUANTILES = (0.0, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+
+
+def _population_summary(title: str, table, data, splits: list[str], counted: str) -> None:
+    """A large population's partition: quantiles over the clients of their sizes (per split
+    and counted), of their number of classes and of their largest class's share, then
+    histograms of the counted sizes (log-spaced bins) and of the classes per client."""
+    import numpy as np
+    from rich.table import Table
+
+    total = table.sum(axis=1)
+    classes = (table > 0).sum(axis=1)
+    top = table.max(axis=1) / np.maximum(total, 1)
+    rows = [(f"{s} samples", np.array([c.size(s) for c in data.clients])) for s in splits]
+    rows += [
+        (f"counted {counted}", total),
+        ("classes held", classes),
+        ("largest class share", top),
+    ]
+    t = Table(title=f"{title}: {data.num_clients} clients, quantiles over clients")
+    t.add_column("per client")
+    for q in QUANTILES:
+        t.add_column({0.0: "min", 1.0: "max"}.get(q, f"{q:.0%}"), justify="right")
+    t.add_column("mean", justify="right")
+    for name, values in rows:
+        cells = np.quantile(values, QUANTILES, method="lower")
+        fmt = "{:.2f}" if values.dtype.kind == "f" else "{:d}"
+        t.add_row(name, *(fmt.format(v) for v in cells), f"{values.mean():.2f}")
+    out_console.print(t)
+    out_console.print(
+        f"{int(total.sum())} {counted} over {data.num_clients} clients and "
+        f"{data.num_classes} classes; {int((classes == 1).sum())} clients hold a single class"
+    )
+    hi = max(int(total.max()), 1)
+    edges = np.unique(np.round(np.geomspace(1, hi + 1, num=min(16, hi + 1))).astype(np.int64))
+    if len(edges) < 2:
+        edges = np.array([1, hi + 1])
+    counts, _ = np.histogram(total, bins=edges)
+    labels = [
+        f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in zip(edges[:-1], edges[1:], strict=True)
+    ]
+    _ascii_histogram(f"{counted} per client", labels, counts)
+    counts = np.bincount(classes, minlength=data.num_classes + 1)[1:]
+    _ascii_histogram("classes per client", [str(k) for k in range(1, len(counts) + 1)], counts)
+
+
+def _ascii_histogram(title: str, labels: list[str], counts, width: int = 40) -> None:
+    """One line per bin: label, a bar scaled to the largest count, the count."""
+    out_console.print(f"{title} (clients):")
+    most = max(int(max(counts, default=0)), 1)
+    pad = max((len(x) for x in labels), default=0)
+    for label, n in zip(labels, counts, strict=True):
+        bar = "#" * (round(width * int(n) / most) if n else 0) or ("." if n else "")
+        out_console.print(f"  {label:>{pad}} | {bar:<{width}} {int(n)}", highlight=False)
 
 
 def _heatmap_path(path: Path) -> None:

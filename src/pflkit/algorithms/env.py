@@ -110,7 +110,7 @@ class ClientEnv:
 
     @property
     def num_train(self) -> int:
-        return len(self.data.train_y)
+        return self.data.size("train")
 
     @property
     def device(self) -> torch.device:

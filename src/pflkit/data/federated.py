@@ -43,14 +43,138 @@ from pflkit.data.sources import check_data_root, default_data_root, load_source
 from pflkit.errors import PflkitError
 
 
-@dataclass
+@dataclass(init=False, repr=False, eq=False)
 class ClientData:
-    train_x: Tensor
-    train_y: Tensor
-    test_x: Tensor
-    test_y: Tensor
-    val_x: Tensor | None = None  # the local validation split (data.val_fraction > 0)
+    """One client's local splits: ``train_x``/``train_y``, ``test_x``/``test_y`` and
+    ``val_x``/``val_y`` (None without ``data.val_fraction``).
+
+    Two ways to hold them, the same to read:
+
+    - ``ClientData(train_x, train_y, test_x, test_y, val_x=None, val_y=None)`` keeps the given
+      tensors as they are (tests, toy clients, an algorithm's own sub-splits);
+    - :meth:`indexed` (what :func:`build_federated` makes) keeps the dataset's shared tensors and
+      the client's sample indices: every client references the same ``x``/``y`` tensors, so the
+      data's memory does not grow with the client count (one index array per client, 8 bytes a
+      sample). Each access to a split gathers its rows (``x[indices]``): a new tensor, equal bit
+      for bit to a copy made at build time; nothing per client is kept in memory between
+      accesses. Changing a gathered tensor in place changes no client.
+
+    ``vars(client)`` holds only tensors (the index arrays and split sizes are slots), so code that
+    walks a client's tensors, e.g. to check their device, sees just the data.
+    """
+
+    # Fields only so that dataclasses.replace(client, train_x=..., train_y=...) works: it reads
+    # the other splits through the properties set below and builds a client from tensors.
+    train_x: Tensor | None = None
+    train_y: Tensor | None = None
+    test_x: Tensor | None = None
+    test_y: Tensor | None = None
+    val_x: Tensor | None = None
     val_y: Tensor | None = None
+
+    __slots__ = ("__dict__", "_idx", "_n_train", "_n_val")
+
+    def __init__(
+        self,
+        train_x: Tensor,
+        train_y: Tensor,
+        test_x: Tensor,
+        test_y: Tensor,
+        val_x: Tensor | None = None,
+        val_y: Tensor | None = None,
+    ) -> None:
+        self._idx, self._n_train, self._n_val = None, 0, 0
+        self._x, self._y, self._tx, self._ty = train_x, train_y, test_x, test_y
+        if val_x is not None or val_y is not None:
+            self._vx, self._vy = val_x, val_y
+
+    @classmethod
+    def indexed(
+        cls,
+        x: Tensor,
+        y: Tensor,
+        train: np.ndarray,
+        test: np.ndarray,
+        val: np.ndarray | None = None,
+        test_x: Tensor | None = None,
+        test_y: Tensor | None = None,
+    ) -> ClientData:
+        """A client whose splits are rows of shared tensors: ``train`` and ``val`` index
+        ``x``/``y``, ``test`` indexes ``test_x``/``test_y`` (default: ``x``/``y``)."""
+        self = cls.__new__(cls)
+        val = np.empty(0, dtype=np.int64) if val is None else val
+        self._idx = np.concatenate([train, val, test]).astype(np.int64, copy=False)
+        self._n_train, self._n_val = len(train), len(val)
+        self._x, self._y = x, y
+        self._tx, self._ty = (x, y) if test_x is None else (test_x, test_y)
+        return self
+
+    @property
+    def has_val(self) -> bool:
+        """Whether the client has a validation split."""
+        if self._idx is not None:
+            return self._n_val > 0
+        return self.__dict__.get("_vy") is not None
+
+    @property
+    def is_indexed(self) -> bool:
+        return self._idx is not None
+
+    def indices(self, split: str) -> np.ndarray:
+        """The split's row indices into its shared tensors (an indexed client only)."""
+        assert self._idx is not None, "a client built from tensors has no indices"
+        a, b = self._n_train, self._n_train + self._n_val
+        return {"train": self._idx[:a], "val": self._idx[a:b], "test": self._idx[b:]}[split]
+
+    def source(self, split: str) -> tuple[Tensor, Tensor]:
+        """The shared (x, y) tensors a split's indices point into (an indexed client only)."""
+        return (self._tx, self._ty) if split == "test" else (self._x, self._y)
+
+    def size(self, split: str) -> int:
+        """Number of samples in ``split`` without gathering them (0: no such split)."""
+        if self._idx is not None:
+            return len(self.indices(split))
+        t = getattr(self, f"{split}_y")
+        return 0 if t is None else len(t)
+
+    def _gather(self, split: str, axis: int) -> Tensor | None:
+        if self._idx is None:
+            key = {"train": ("_x", "_y"), "test": ("_tx", "_ty"), "val": ("_vx", "_vy")}[split]
+            return self.__dict__.get(key[axis])
+        if split == "val" and self._n_val == 0:
+            return None
+        t = self.source(split)[axis]
+        return t[torch.from_numpy(self.indices(split)).to(t.device)]
+
+    def to(self, device: str | torch.device, memo: dict[int, Tensor] | None = None) -> ClientData:
+        """The same client with its tensors on ``device``; ``memo`` (id -> moved tensor) moves a
+        tensor that several clients share once."""
+        memo = {} if memo is None else memo
+        new = object.__new__(ClientData)
+        new._idx, new._n_train, new._n_val = self._idx, self._n_train, self._n_val
+        for k, t in vars(self).items():
+            if t is not None and id(t) not in memo:
+                memo[id(t)] = t.to(device)
+            setattr(new, k, None if t is None else memo[id(t)])
+        return new
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={self.size(s)}" for s in ("train", "test", "val"))
+        return f"ClientData({sizes}{', indexed' if self._idx is not None else ''})"
+
+
+for _split in ("train", "test", "val"):
+    for _axis, _name in enumerate(("x", "y")):
+        setattr(
+            ClientData,
+            f"{_split}_{_name}",
+            property(
+                lambda self, s=_split, a=_axis: self._gather(s, a),
+                doc=f"The client's {_split} {'inputs' if _axis == 0 else 'labels'} "
+                "(gathered on access for an indexed client).",
+            ),
+        )
+del _split, _axis, _name
 
 
 @dataclass
@@ -80,34 +204,52 @@ class FederatedDataset:
     @property
     def has_val(self) -> bool:
         """Whether every client has a local validation split (``data.val_fraction`` > 0)."""
-        return bool(self.clients) and all(c.val_y is not None for c in self.clients)
+        return bool(self.clients) and all(c.has_val for c in self.clients)
 
     def to(self, device: str | torch.device) -> FederatedDataset:
         """The same dataset with every tensor on ``device`` (itself when they already are):
-        the engine moves the data once, before the first round."""
+        the engine moves the data once, before the first round. A tensor that several clients
+        (or the global test set) share is moved once and stays shared."""
         if self.test_x.device == torch.device(device):
             return self
-        # vars(), not dataclasses.astuple: astuple deep-copies every tensor before the move
-        clients = [
-            ClientData(**{k: None if t is None else t.to(device) for k, t in vars(c).items()})
-            for c in self.clients
-        ]
-        public = None if self.public_x is None else self.public_x.to(device)
-        moved = {"test_x": self.test_x.to(device), "test_y": self.test_y.to(device)}
+        memo: dict[int, Tensor] = {}
+
+        def move(t: Tensor) -> Tensor:
+            if id(t) not in memo:
+                memo[id(t)] = t.to(device)
+            return memo[id(t)]
+
+        moved = {"test_x": move(self.test_x), "test_y": move(self.test_y)}
+        clients = [c.to(device, memo) for c in self.clients]
+        public = None if self.public_x is None else move(self.public_x)
         return replace(self, clients=clients, public_x=public, **moved)
+
+    def split_labels(self, split: str) -> tuple[np.ndarray, list[int]]:
+        """Every client's ``split`` labels, concatenated in client order, and the per-client
+        counts (one gather when the clients share their tensors)."""
+        cs = self.clients
+        first = cs[0] if cs else None
+        if first is not None and all(
+            c.is_indexed and c.source(split)[1] is first.source(split)[1] for c in cs
+        ):
+            parts = [c.indices(split) for c in cs]
+            y = first.source(split)[1]
+            flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+            return y[torch.from_numpy(flat).to(y.device)].cpu().numpy(), [len(p) for p in parts]
+        ys = [getattr(c, f"{split}_y") for c in cs]
+        ys = [y if y is not None else torch.empty(0, dtype=torch.int64) for y in ys]
+        labels = torch.cat([y.cpu() for y in ys]).numpy() if ys else np.empty(0, np.int64)
+        return labels, [len(y) for y in ys]
 
     def class_table(self, split: str = "train") -> np.ndarray:
         """[num_clients, num_classes] sample counts of the local ``train``, ``test`` or ``val``
         splits."""
         if split == "val" and not self.has_val:
             raise PflkitError("this dataset has no validation split: set data.val_fraction > 0")
-        ys = [getattr(c, f"{split}_y") for c in self.clients]
-        return class_table(torch.cat(ys).cpu().numpy(), _offsets_to_parts(ys), self.num_classes)
-
-
-def _offsets_to_parts(ys: list[Tensor]) -> list[np.ndarray]:
-    ends = np.cumsum([len(y) for y in ys])
-    return [np.arange(e - len(y), e) for e, y in zip(ends, ys, strict=True)]
+        labels, counts = self.split_labels(split)
+        ends = np.cumsum(counts, dtype=np.int64)
+        parts = [np.arange(e - n, e) for e, n in zip(ends, counts, strict=True)]
+        return class_table(labels, parts, self.num_classes)
 
 
 def partition_key(cfg: DataConfig, seed: int, num_train: int) -> str:
@@ -206,10 +348,16 @@ def _valid_split(
         return False
 
     def distinct_in_range(parts: list, n: int) -> bool:
-        if any(len(p) == 0 or p.dtype.kind not in "iu" for p in parts):
+        if not parts:
+            return True
+        sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+        if sizes.min() == 0 or any(p.dtype.kind not in "iu" for p in parts):
             return False
         flat = np.concatenate(parts)
-        return bool(flat.min() >= 0 and flat.max() < n and len(np.unique(flat)) == len(flat))
+        if flat.min() < 0 or flat.max() >= n:
+            return False
+        seen = np.bincount(flat.astype(np.int64), minlength=n)  # O(n), no sort
+        return bool(seen.max() <= 1)
 
     if num_test is None:
         return distinct_in_range([*tr, *te, *(va or [])], num_samples)
@@ -226,11 +374,35 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+# Up to this many clients a cache file holds one array per client and split (``tr{i}``,
+# ``te{i}``, ``va{i}``); above it, one concatenated array per split and the per-client sizes
+# (``tr``/``tr_sizes``, ...): a zip member per client makes 100,000 clients' file take seconds
+# to write and many more to read. Both layouts are read.
+PER_CLIENT_CACHE_MAX = 1000
+
+
+def _pack(parts: list[np.ndarray], prefix: str, flat: bool) -> dict[str, np.ndarray]:
+    if not flat:
+        return {f"{prefix}{i}": a for i, a in enumerate(parts)}
+    sizes = np.array([len(a) for a in parts], dtype=np.int64)
+    joined = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    return {prefix: joined, f"{prefix}_sizes": sizes}
+
+
+def _unpack(arrays: dict[str, np.ndarray], prefix: str, n: int) -> list[np.ndarray]:
+    if prefix in arrays:
+        sizes = arrays[f"{prefix}_sizes"]
+        if sizes.ndim != 1 or len(sizes) != n or sizes.sum() != len(arrays[prefix]):
+            raise ValueError("sizes do not match the concatenated indices")
+        return np.split(arrays[prefix], np.cumsum(sizes)[:-1]) if n else []
+    return [arrays[f"{prefix}{i}"] for i in range(n)]
+
+
 def _cached_split(
     cfg, labels, groups, seed, cache_dir: Path | None, test_labels=None, exclude=None
 ):
     """(partition id, train, test, validation indices or None), from the cache when it holds
-    a valid split (a file without ``va{i}`` arrays is no split with validation).
+    a valid split (a file without validation arrays is no split with validation).
     ``test_labels``: the official test labels, given when the partitioner builds the local
     test sets (their indices then point into the test set)."""
     num_test = None if test_labels is None else len(test_labels)
@@ -247,18 +419,19 @@ def _cached_split(
                     "pflkit wrote it): delete it and pflkit rebuilds it"
                 )
             n = int(arrays["num_clients"])
-            tr, te = [arrays[f"tr{i}"] for i in range(n)], [arrays[f"te{i}"] for i in range(n)]
-            va = [arrays[f"va{i}"] for i in range(n)] if cfg.val_fraction > 0 else None
+            tr, te = _unpack(arrays, "tr", n), _unpack(arrays, "te", n)
+            va = _unpack(arrays, "va", n) if cfg.val_fraction > 0 else None
             if _valid_split(tr, te, va, cfg.num_clients, len(labels), num_test):
                 return key, tr, te, va
         except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
             pass  # unreadable (truncated, say) or wrong cache entry: recompute and overwrite it
     train_idx, test_idx, val_idx = _split_clients(cfg, labels, groups, seed, test_labels, exclude)
     if path:
+        flat = len(train_idx) > PER_CLIENT_CACHE_MAX
         arrays = {"num_clients": np.asarray(len(train_idx))}
-        arrays |= {f"tr{i}": a for i, a in enumerate(train_idx)}
-        arrays |= {f"te{i}": a for i, a in enumerate(test_idx)}
-        arrays |= {f"va{i}": a for i, a in enumerate(val_idx or [])}
+        arrays |= _pack(train_idx, "tr", flat) | _pack(test_idx, "te", flat)
+        if val_idx is not None:
+            arrays |= _pack(val_idx, "va", flat)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
@@ -307,20 +480,7 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
         public_idx if public_src is src else None,
     )
 
-    test_x, test_y = (src.test_x, src.test_y) if official else (src.train_x, src.train_y)
-    clients = [
-        ClientData(src.train_x[tr], src.train_y[tr], test_x[te], test_y[te])
-        for tr, te in zip(train_idx, test_idx, strict=True)
-    ]
-    if val_idx is not None:
-        for c, va in zip(clients, val_idx, strict=True):
-            c.val_x, c.val_y = src.train_x[va], src.train_y[va]
-    if src.test_x is not None:
-        test_x, test_y = src.test_x, src.test_y
-    else:
-        test_x = torch.cat([c.test_x for c in clients])
-        test_y = torch.cat([c.test_y for c in clients])
-
+    clients, test_x, test_y = _clients(src, train_idx, test_idx, val_idx, official)
     return FederatedDataset(
         name=cfg.dataset,
         clients=clients,
@@ -336,6 +496,44 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
         class_names=src.class_names,
         val_indices=val_idx,
     )
+
+
+def _clients(src, train_idx, test_idx, val_idx, official: bool):
+    """(clients, global test x, y): every client indexes one shared copy of the rows the
+    clients use (the source's own tensors when they use all of them: no copy at all)."""
+    val_idx = val_idx if val_idx is not None else [None] * len(train_idx)
+    flat = [*train_idx, *(v for v in val_idx if v is not None)]
+    if not official:
+        flat += test_idx
+    mask = np.zeros(len(src.train_y), dtype=bool)
+    if flat:
+        mask[np.concatenate(flat)] = True
+    used = np.flatnonzero(mask)
+    if len(used) == len(src.train_y):  # every row: index the source itself
+        x, y, remap = src.train_x, src.train_y, None
+    else:  # a subset, or a public set carved out: keep only the clients' rows, once
+        rows = torch.from_numpy(used)
+        x, y, remap = src.train_x[rows], src.train_y[rows], used
+
+    def local(idx: np.ndarray | None) -> np.ndarray | None:
+        return idx if idx is None or remap is None else np.searchsorted(remap, idx)
+
+    if official:
+        tx, ty = src.test_x, src.test_y
+        clients = [
+            ClientData.indexed(x, y, local(tr), te, local(va), tx, ty)
+            for tr, te, va in zip(train_idx, test_idx, val_idx, strict=True)
+        ]
+    else:
+        clients = [
+            ClientData.indexed(x, y, local(tr), local(te), local(va))
+            for tr, te, va in zip(train_idx, test_idx, val_idx, strict=True)
+        ]
+    if src.test_x is not None:
+        return clients, src.test_x, src.test_y
+    # no official test set: the union of the local test splits, in client order
+    rows = torch.from_numpy(local(np.concatenate(test_idx)).astype(np.int64))
+    return clients, x[rows], y[rows]
 
 
 def _public_indices(cfg: DataConfig, src, task, seed: int) -> np.ndarray:
