@@ -499,40 +499,20 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
 
 
 def _clients(src, train_idx, test_idx, val_idx, official: bool):
-    """(clients, global test x, y): every client indexes one shared copy of the rows the
-    clients use (the source's own tensors when they use all of them: no copy at all)."""
+    """(clients, global test x, y): every client indexes the source's own tensors, with no
+    copy (the source stays in memory anyway: :func:`~pflkit.data.sources.load_source` caches
+    it in-process)."""
+    x, y = src.train_x, src.train_y
     val_idx = val_idx if val_idx is not None else [None] * len(train_idx)
-    flat = [*train_idx, *(v for v in val_idx if v is not None)]
-    if not official:
-        flat += test_idx
-    mask = np.zeros(len(src.train_y), dtype=bool)
-    if flat:
-        mask[np.concatenate(flat)] = True
-    used = np.flatnonzero(mask)
-    if len(used) == len(src.train_y):  # every row: index the source itself
-        x, y, remap = src.train_x, src.train_y, None
-    else:  # a subset, or a public set carved out: keep only the clients' rows, once
-        rows = torch.from_numpy(used)
-        x, y, remap = src.train_x[rows], src.train_y[rows], used
-
-    def local(idx: np.ndarray | None) -> np.ndarray | None:
-        return idx if idx is None or remap is None else np.searchsorted(remap, idx)
-
-    if official:
-        tx, ty = src.test_x, src.test_y
-        clients = [
-            ClientData.indexed(x, y, local(tr), te, local(va), tx, ty)
-            for tr, te, va in zip(train_idx, test_idx, val_idx, strict=True)
-        ]
-    else:
-        clients = [
-            ClientData.indexed(x, y, local(tr), local(te), local(va))
-            for tr, te, va in zip(train_idx, test_idx, val_idx, strict=True)
-        ]
+    tx, ty = (src.test_x, src.test_y) if official else (None, None)
+    clients = [
+        ClientData.indexed(x, y, tr, te, va, tx, ty)
+        for tr, te, va in zip(train_idx, test_idx, val_idx, strict=True)
+    ]
     if src.test_x is not None:
         return clients, src.test_x, src.test_y
     # no official test set: the union of the local test splits, in client order
-    rows = torch.from_numpy(local(np.concatenate(test_idx)).astype(np.int64))
+    rows = torch.from_numpy(np.concatenate(test_idx).astype(np.int64))
     return clients, x[rows], y[rows]
 
 
