@@ -912,7 +912,11 @@ def _show_row(row: dict) -> None:
 def _show_summary(run_dir: Path, summary: dict) -> None:
     """Print the run folder and the accuracies of ``summary``'s last round (its ``final``)."""
     final = summary.get("final", {})
-    shown = ", ".join(f"{k} {100 * v:.2f}%" for k, v in final.items() if k != "round")
+    shown = ", ".join(
+        f"{k} {v:g}" if k.startswith("eval_") else f"{k} {100 * v:.2f}%"  # eval_*: counts
+        for k, v in final.items()
+        if k != "round" and v is not None
+    )
     out_console.print(f"run folder: {run_dir}\nlast round ({final.get('round')}): {shown}")
 
 

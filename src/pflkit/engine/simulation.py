@@ -207,15 +207,15 @@ class Simulation:
     def run_bounded(
         self, jobs: Iterable[EvalJob], meanwhile: Callable[[], None] | None = None
     ) -> dict[int, Any]:
-        """The runner's results of ``jobs``, run in chunks whose client states take at most half
-        of ``engine.state_memory`` (and at most ``EVAL_CHUNK`` jobs; at least
-        ``MIN_CHUNK``), so scoring a population never holds every client's state at once;
-        ``meanwhile`` runs with the first chunk."""
+        """The runner's results of ``jobs``, run in chunks whose jobs carry at most half of
+        ``engine.state_memory`` in states and views (a worker gets its own copy of each), and
+        at most ``EVAL_CHUNK`` jobs (at least ``MIN_CHUNK``), so scoring a population never
+        holds every client's job at once; ``meanwhile`` runs with the first chunk."""
         out: dict[int, Any] = {}
         budget, chunk, size = self.cfg.engine.state_memory // 2, [], 0
         for j in jobs:
             chunk.append(j)
-            size += 0 if j.state is None else nbytes(j.state)
+            size += nbytes((j.state, j.view, j.adapt))  # what the job carries to a worker
             if len(chunk) >= EVAL_CHUNK or (size > budget and len(chunk) >= MIN_CHUNK):
                 out.update(self.runner.run(self.algo, self.envs, chunk, meanwhile))
                 chunk, size, meanwhile = [], 0, None
