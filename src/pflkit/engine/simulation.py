@@ -360,7 +360,7 @@ class Simulation:
 
         jobs = itertools.chain(map(job, scored), map(holdout_job, scored_holdout))
         acc = self.run_bounded(jobs, score_global)
-        counts = np.array([len(c.test_y) for c in data.clients], dtype=float)
+        counts = np.array([c.size("test") for c in data.clients], dtype=float)
         test = {cid: acc[cid]["test"] for cid in scored if cid in acc}
         if e.clients == "all":
             row.update(personal_metrics(test, n, counts))
@@ -369,7 +369,7 @@ class Simulation:
             row["pers_acc_clients"] = [test.get(c) for c in range(n)]
             row["eval_clients"] = len(test)
         if self.val_xy is not None:
-            val_counts = np.array([len(c.val_y) for c in data.clients], dtype=float)
+            val_counts = np.array([c.size("val") for c in data.clients], dtype=float)
             val = {cid: acc[cid]["val"] for cid in scored if cid in acc}
             row.update(val_metrics(val, val_counts))
         split = trained_split(test, self.trained.upto_round(rnd))
