@@ -18,8 +18,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms.base import nbytes
-from pflkit.engine import run_experiment
-from pflkit.engine import states as states_module
+from pflkit.engine import folder, run_experiment
 from pflkit.engine.states import ClientStates
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
@@ -141,7 +140,7 @@ def test_a_full_disk_while_writing_a_state_is_one_sentence_and_keeps_the_old_ver
             super().write(b"partial")
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(states_module, "open", Full, raising=False)
+    monkeypatch.setattr(folder, "open", Full, raising=False)
     with pytest.raises(PflkitError) as err:
         store[0] = state(2.0)
     assert "No space left on device" in str(err.value) and "\n" not in str(err.value)
@@ -179,7 +178,6 @@ import os, signal, sys
 sys.path.insert(0, {tests!r})
 from conftest import tiny_config
 from pflkit.engine import Simulation, run_experiment
-from pflkit.engine import states
 from pflkit.experiment import validate
 
 real_round, real_replace, now = Simulation.run_round, os.replace, {{}}
@@ -193,7 +191,7 @@ def replace(src, dst):  # the process dies between writing a state and renaming 
         os.kill(os.getpid(), signal.SIGKILL)
     return real_replace(src, dst)
 
-Simulation.run_round, states.os.replace = run_round, replace
+Simulation.run_round, os.replace = run_round, replace
 run_experiment(validate(tiny_config(**{cfg!r})), out={out!r})
 """
 

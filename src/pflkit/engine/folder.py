@@ -68,18 +68,19 @@ def check_out(out: Path, outputs: tuple[str, ...]) -> None:
             )
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all (through ``<name>.tmp``, removed if the write fails)."""
+def write_atomic(
+    path: Path, data: str | bytes, fix: str = "free disk space and run the same command again"
+) -> None:
+    """Write ``path`` whole or not at all (through ``<name>.tmp``, removed if the write fails,
+    which is one sentence ending with ``fix``)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(text)
+        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
         os.replace(tmp, path)
     except OSError as err:  # disk full, quota, read-only
         tmp.unlink(missing_ok=True)
-        raise PflkitError(
-            f"cannot write '{path}' ({err.strerror or err}): free disk space and run the same "
-            "command again"
-        ) from None
+        raise PflkitError(f"cannot write '{path}' ({err.strerror or err}): {fix}") from None
 
 
 def fingerprint(cfg: ExperimentConfig, partition_id: str, legacy: bool = False) -> str:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from collections import OrderedDict
@@ -45,10 +44,15 @@ from typing import Any
 import torch
 
 from pflkit.algorithms.base import State, nbytes
+from pflkit.engine.folder import write_atomic
 from pflkit.errors import PflkitError
 from pflkit.plain import flatten, unflatten
 
 SUFFIX = ".safetensors"
+WRITE_FIX = (
+    "free disk space (or raise engine.state_memory), then continue from the last checkpoint "
+    "with pflkit run --resume"
+)
 
 
 def _encode(state: State) -> bytes:
@@ -176,19 +180,8 @@ class ClientStates(MutableMapping[int, State]):
         data = _encode(state)
         self._version += 1
         path = self._path(cid, self._version)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except OSError as err:  # disk full, quota, read-only
-            tmp.unlink(missing_ok=True)
-            raise PflkitError(
-                f"cannot write client {cid}'s state to '{path.parent}' "
-                f"({err.strerror or err}): free disk space (or raise engine.state_memory), "
-                "then continue from the last checkpoint with pflkit run --resume"
-            ) from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, data, WRITE_FIX)
         old = self._files.get(cid)
         if old is not None and self._committed.get(cid) != old:
             self._path(cid, old[0]).unlink(missing_ok=True)  # no checkpoint names it
