@@ -134,7 +134,7 @@ def test_end_to_end_first_round_is_fedavg_then_contrastive(sims):
     assert m1["train_loss"] == pytest.approx(f1["train_loss"], abs=1e-6)
     assert m1["global_acc"] == f1["global_acc"]
     for cid in range(4):
-        assert ("prev" in moon.clients[cid]) == (cid in m1["clients"])
+        assert ("prev" in moon.client_state(cid)) == (cid in m1["clients"])
     m2, f2 = moon.run_round(2), fedavg.run_round(2)
     assert m2["clients"] == f2["clients"]
     assert set(m2["clients"]) & set(m1["clients"])  # 3 of 4 per round: some have a prev model
