@@ -402,29 +402,74 @@ def die_with_parent(parent: int | None = None) -> None:
         threading.Thread(target=watch, daemon=True).start()
 
 
+def worker_setup(
+    cfg_dump: dict[str, Any], data: FederatedDataset, threads: int
+) -> tuple[Algorithm, list[ClientEnv]]:
+    """What a worker (a pool process, a Ray actor) builds once: the run's algorithm and client
+    environments, from the resolved config, with ``threads`` torch threads."""
+    torch.set_num_threads(threads)
+    cfg = validate(cfg_dump)
+    _, envs = make_envs(cfg, data)
+    return build_algorithm(cfg.algorithm), envs
+
+
+def reply(work: Callable[[], Any]) -> bytes:
+    """A worker's pickled reply for ``work()``: ("ok", its result), ("user", the PflkitError's
+    sentence, "") or ("error", the exception, the worker's traceback): a bug keeps the
+    worker's traceback for the report (:func:`unpack_replies`)."""
+    try:
+        return pickle.dumps(("ok", work()), protocol=pickle.HIGHEST_PROTOCOL)
+    except PflkitError as err:
+        return pickle.dumps(("user", str(err), ""))
+    except Exception as err:
+        return pickle.dumps(("error", f"{type(err).__name__}: {err}", traceback.format_exc()))
+
+
+def run_job(algo: Algorithm, envs: Sequence[ClientEnv], blob: bytes) -> bytes:
+    """Run one pickled job with a worker's algorithm and the job's client environment; the
+    pickled :func:`reply`."""
+
+    def work() -> Any:
+        job: Job = pickle.loads(blob)
+        return job.run(algo, envs[job.cid])
+
+    return reply(work)
+
+
+def unpack_replies(
+    replies: dict[int, bytes], where: str, what: str, rnd: int, stop: Callable[[], None]
+) -> dict[int, Any]:
+    """The results of the workers' pickled replies (:func:`reply`) by client; the first
+    failure stops every worker (``stop``) and is raised: a user error as its sentence, a bug
+    as a RuntimeError naming the client and ``where`` it ran, with the worker's traceback."""
+    out = {}
+    for cid, blob in replies.items():
+        status, value, *tb = pickle.loads(blob)
+        if status == "user":
+            stop()
+            raise PflkitError(value)
+        if status == "error":
+            stop()
+            raise RuntimeError(
+                f"client {cid} failed in {where} while {what} in round {rnd}: "
+                f"{value}\n--- worker traceback ---\n{tb[0]}"
+            )
+        out[cid] = value
+    return out
+
+
 def _worker_init(cfg_dump: dict[str, Any], data: FederatedDataset, threads: int) -> None:
     die_with_parent()
     # Ctrl-C and a cluster's SIGTERM are the parent's to handle: it finishes the round
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    torch.set_num_threads(threads)
-    cfg = validate(cfg_dump)
-    _, envs = make_envs(cfg, data)
-    _WORKER.update(algo=build_algorithm(cfg.algorithm), envs=envs)
+    algo, envs = worker_setup(cfg_dump, data, threads)
+    _WORKER.update(algo=algo, envs=envs)
 
 
 def _worker_job(blob: bytes) -> bytes:
-    """Run one pickled job in a worker, with the worker's algorithm and the job's client
-    environment; reply ("ok", result), ("user", the PflkitError's sentence, "") or ("error",
-    the exception, the worker's traceback)."""
-    job: Job = pickle.loads(blob)
-    try:
-        result = job.run(_WORKER["algo"], _WORKER["envs"][job.cid])
-        return pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
-    except PflkitError as err:
-        return pickle.dumps(("user", str(err), ""))
-    except Exception as err:  # a bug: keep the worker's traceback for the report
-        return pickle.dumps(("error", f"{type(err).__name__}: {err}", traceback.format_exc()))
+    """Run one pickled job in a pool worker (:func:`run_job`)."""
+    return run_job(_WORKER["algo"], _WORKER["envs"], blob)
 
 
 class ProcessPool(ClientRunner):
@@ -482,7 +527,7 @@ class ProcessPool(ClientRunner):
             }
             if meanwhile is not None:
                 meanwhile()
-            replies = {job.cid: pickle.loads(futures[job.cid].result()) for job in jobs}
+            replies = {job.cid: futures[job.cid].result() for job in jobs}
         except BrokenProcessPool:
             self.close(kill=True)
             raise PflkitError(
@@ -492,19 +537,7 @@ class ProcessPool(ClientRunner):
         except BaseException:  # Ctrl-C or a failed submit: stop every worker now
             self.close(kill=True)
             raise
-        out = {}
-        for cid, (status, value, *tb) in replies.items():
-            if status == "user":
-                self.close(kill=True)
-                raise PflkitError(value)
-            if status == "error":
-                self.close(kill=True)
-                raise RuntimeError(
-                    f"client {cid} failed in a worker process while {what} in round {rnd}: "
-                    f"{value}\n--- worker traceback ---\n{tb[0]}"
-                )
-            out[cid] = value
-        return out
+        return unpack_replies(replies, "a worker process", what, rnd, lambda: self.close(kill=True))
 
     def close(self, kill: bool = False) -> None:
         ex, self.executor = self.executor, None

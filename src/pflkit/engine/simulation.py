@@ -95,6 +95,17 @@ def sample_clients(
     return sorted(int(pool[c]) for c in rng.choice(k, m, replace=False))
 
 
+def runner_for(cfg: ExperimentConfig) -> ClientRunner:
+    """The runner ``cfg.engine`` asks for: Ray actors on a cluster with ``engine.runner: ray``
+    (:func:`~pflkit.engine.ray_runner.ray_runner`; Ray is optional, imported only then),
+    else this process or a pool of worker processes (:func:`~pflkit.engine.clients.make_runner`)."""
+    if cfg.engine.runner == "ray":
+        from pflkit.engine.ray_runner import ray_runner
+
+        return ray_runner(cfg)
+    return make_runner(cfg)
+
+
 EVAL_CHUNK = 1024  # evaluation jobs handed to the runner at once, at most
 MIN_CHUNK = 8  # ... and at least, however large the states (the workers stay busy)
 
@@ -104,7 +115,7 @@ class Simulation:
 
     Construct it (validates everything, builds data, environments and algorithm), then call
     :meth:`run_round` per round, and :meth:`close` at the end (or use it as a context manager).
-    ``runner`` runs the client work (default: the one ``engine.workers`` asks for).
+    ``runner`` runs the client work (default: the one ``engine`` asks for, :func:`runner_for`).
     ``state_dir``: where client states beyond ``engine.state_memory`` and those of checkpoints
     go (:class:`~pflkit.engine.states.ClientStates`; the run folder's ``states/``; None: a
     temporary folder). Nothing is written to disk here, so a bad config never leaves a
@@ -122,7 +133,7 @@ class Simulation:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         parse_params(cfg.algorithm)  # fail on bad parameters before the (slow) data load
-        self.runner = runner if runner is not None else make_runner(cfg)
+        self.runner = runner if runner is not None else runner_for(cfg)
         data = data if data is not None else build_federated(cfg.data)
         self.data = data.to(resolve_device(cfg.device))  # once, for the whole run
         # the union of the clients' validation splits, where the global model is scored
