@@ -5,7 +5,6 @@ full disk. (Bit-identity for every algorithm with the store on disk: tests/test_
 from __future__ import annotations
 
 import errno
-import io
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms.base import nbytes
-from pflkit.engine import folder, run_experiment
+from pflkit.engine import run_experiment
 from pflkit.engine.states import ClientStates
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
@@ -135,12 +134,13 @@ def test_a_full_disk_while_writing_a_state_is_one_sentence_and_keeps_the_old_ver
     store = ClientStates(lambda cid: {}, memory=0, folder=tmp_path)
     store[0] = state(1.0)
 
-    class Full(io.FileIO):
-        def write(self, b):
-            super().write(b"partial")
-            raise OSError(errno.ENOSPC, "No space left on device")
+    real = Path.write_bytes
 
-    monkeypatch.setattr(folder, "open", Full, raising=False)
+    def full(self, data):
+        real(self, data[:10])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full)
     with pytest.raises(PflkitError) as err:
         store[0] = state(2.0)
     assert "No space left on device" in str(err.value) and "\n" not in str(err.value)

@@ -75,8 +75,7 @@ def write_atomic(
     which is one sentence ending with ``fix``)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
+        tmp.write_bytes(data) if isinstance(data, bytes) else tmp.write_text(data)
         os.replace(tmp, path)
     except OSError as err:  # disk full, quota, read-only
         tmp.unlink(missing_ok=True)

@@ -55,10 +55,11 @@ from pflkit.engine.clients import (
     system_draw,
 )
 from pflkit.engine.envs import make_envs
-from pflkit.engine.population import TrainedClients, held_out
+from pflkit.engine.population import TrainedClients, eval_sample, held_out, training_clients
 from pflkit.engine.states import ClientStates
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
+from pflkit.eval.evaluate import holdout_metrics, sampled_metrics, trained_split
 
 
 def round_fraction(seed: int, rnd: int, fraction: float | list[float]) -> float:
@@ -326,9 +327,6 @@ class Simulation:
         sample of at most n) are scored after their personalization step
         (:meth:`~pflkit.algorithms.Algorithm.adapt_holdout`, run by the runner on a state
         thrown away afterwards) and reported as ``holdout_acc_*``."""
-        from pflkit.engine.population import eval_sample, training_clients
-        from pflkit.eval.evaluate import holdout_metrics, sampled_metrics, trained_split
-
         cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
         row: dict[str, Any] = {}
         gw = algo.global_weights(senv, self.server, rnd)
