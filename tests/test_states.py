@@ -57,12 +57,13 @@ def test_a_state_read_back_from_disk_is_the_state_written_bit_for_bit(tmp_path):
         "empty": torch.empty(0),
     }
     odd["alias"] = odd["int"]  # the same tensor twice (safetensors refuses shared memory)
+    odd["slice"] = odd["int"][1:]  # a view into the same storage at another offset
     store[7] = odd
     assert store.bytes_in_memory == 0 and store.writes == 1
     back = store[7]
     assert store.reads == 1
     assert list(back) == list(odd)
-    for k in ("bf16", "view", "int", "bool", "empty", "alias"):
+    for k in ("bf16", "view", "int", "bool", "empty", "alias", "slice"):
         assert back[k].dtype == odd[k].dtype and torch.equal(back[k], odd[k]), k
     assert isinstance(back["array"], np.ndarray) and np.array_equal(back["array"], odd["array"])
     assert isinstance(back["scalar"], np.float64) and back["scalar"] == 0.25

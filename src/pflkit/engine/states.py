@@ -61,14 +61,14 @@ def _encode(state: State) -> bytes:
 
     schema, leaves = flatten(state)
     tensors: dict[str, torch.Tensor] = {}
-    seen: set[tuple[int, int]] = set()
+    seen: set[int] = set()  # storages already written
     for key, leaf in leaves.items():
         t = leaf if isinstance(leaf, torch.Tensor) else torch.from_numpy(leaf)
         t = t.contiguous()
-        span = (t.untyped_storage().data_ptr(), t.storage_offset())
-        if t.numel() and span in seen:  # safetensors refuses tensors that share memory
+        storage = t.untyped_storage().data_ptr()
+        if t.numel() and storage in seen:  # safetensors refuses tensors that share memory
             t = t.clone()
-        seen.add(span)
+        seen.add(storage)
         tensors[key] = t
     return save(tensors, metadata={"schema": schema})
 
