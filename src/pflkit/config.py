@@ -46,7 +46,9 @@ def parse_size(v: Any) -> Any:
     if isinstance(v, str):
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", v)
         if not m or m.group(2).upper() not in _UNITS:
-            raise ValueError(f"must be a number of bytes or a size such as '512MB' or '4GiB' (got {v!r})")
+            raise ValueError(
+                f"must be a number of bytes or a size such as '512MB' or '4GiB' (got {v!r})"
+            )
         return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
     if isinstance(v, int) and not isinstance(v, bool) and v < 0:
         raise ValueError("must be a number of bytes >= 0")
@@ -99,6 +101,7 @@ class DataConfig(_Section):
                 "none to train: lower it, or use more clients"
             )
         return v
+
     cache: bool = True  # cache partitions on disk, keyed by a hash of their parameters
     seed: int = Field(
         0, ge=0, le=MAX_SEED

@@ -227,8 +227,9 @@ class RayRunner(ClientRunner):
         except Exception as err:
             self.close(kill=True)
             raise PflkitError(_died("starting", 0, err)) from None
-        stop = lambda: self.close(kill=True)  # noqa: E731
-        nodes = unpack_replies(replies, "a Ray worker", "building its clients", 0, stop)
+        nodes = unpack_replies(
+            replies, "a Ray worker", "building its clients", 0, lambda: self.close(kill=True)
+        )
         self.actor_nodes = [nodes[i] for i in range(n)]
         return actors
 
