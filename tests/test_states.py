@@ -214,3 +214,20 @@ def test_a_kill_during_a_state_write_resumes_bit_identically(tmp_path):
     resumed = run_experiment(resume=out)
     assert rows(resumed) == rows(full)
     assert not any(p.name.endswith(".tmp") for p in (out / "states").iterdir())
+
+
+def test_reading_a_finished_run_removes_no_state_file(tmp_path):
+    from pflkit.engine.runner import load_finished
+
+    cfg = tiny_config(
+        algorithm={"name": "ditto"},
+        engine={"workers": 1, "state_memory": 0},
+        train={"rounds": 2},
+        output={"checkpoint_every": 2, "progress": False},
+    )
+    run = run_experiment(validate(cfg), out=tmp_path / "run")
+    later = run.run_dir / "states" / "c0-v999.safetensors"  # as a resumed run might write
+    later.write_bytes(b"x")
+    sim = load_finished(run.run_dir)
+    sim.close()
+    assert later.exists()

@@ -155,6 +155,7 @@ def load_finished(run_dir: Path) -> Simulation:
                 fingerprint(cfg, sim.data.partition_id),
                 fingerprint(cfg, sim.data.partition_id, legacy=True),
             ),
+            prune=False,  # only reads: a run resumed in this folder meanwhile keeps its files
         )
         if sim.round != rounds:
             raise PflkitError(

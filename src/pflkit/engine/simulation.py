@@ -194,12 +194,15 @@ class Simulation:
         save_checkpoint(path, state | {"fingerprint": fingerprint})
         self.clients.committed(index)
 
-    def restore(self, path: Path | None, fingerprints: tuple[str, ...] = ()) -> None:
+    def restore(
+        self, path: Path | None, fingerprints: tuple[str, ...] = (), prune: bool = True
+    ) -> None:
         """Continue from a checkpoint; one written for another configuration (a fingerprint
         not in ``fingerprints``, the run's current and legacy forms) is refused. Checkpoints
         from before fingerprints were stored load as they are, and those from before the state
         store (client states inside the checkpoint) too. ``path`` None: start from round 0,
-        removing any state file an earlier attempt left."""
+        removing any state file an earlier attempt left. ``prune`` False leaves the state
+        files the checkpoint does not name (a reader of a finished run)."""
         if path is None:
             self.clients.restore(None)
             return
@@ -212,7 +215,7 @@ class Simulation:
                 "continues a run with its own config; start a new run instead"
             )
         self.round, self.server = ckpt["round"], ckpt["server"]
-        self.clients.restore(ckpt.get("client_states"))
+        self.clients.restore(ckpt.get("client_states"), prune)
         for cid, state in ckpt.get("clients", {}).items():  # a checkpoint from before the store
             self.clients[cid] = state
 

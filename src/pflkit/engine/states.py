@@ -238,10 +238,11 @@ class ClientStates(MutableMapping[int, State]):
             for c, v, h in zip(index["clients"], index["versions"], index["sha256"], strict=True)
         }
 
-    def restore(self, index: dict[str, Any] | None) -> None:
+    def restore(self, index: dict[str, Any] | None, prune: bool = True) -> None:
         """Go back to the version of every state a checkpoint's ``index`` names (None: no
-        state stored, as at a run's start) and remove every other file of the folder: those
-        written after that checkpoint, and temporary files of a write that was killed."""
+        state stored, as at a run's start) and, with ``prune``, remove every other file of the
+        folder: those written after that checkpoint, and temporary files of a write that was
+        killed."""
         self._cache.clear()
         self._used = 0
         self._files = {} if index is None else self._index(index)
@@ -251,8 +252,8 @@ class ClientStates(MutableMapping[int, State]):
         if self.folder is None or not self.folder.is_dir():
             return
         keep = {self._path(c, v).name for c, (v, _) in self._files.items()}
-        for path in self.folder.iterdir():
-            if path.name not in keep and (path.name.endswith((SUFFIX, ".tmp"))):
+        for path in self.folder.iterdir() if prune else ():
+            if path.name not in keep and path.name.endswith((SUFFIX, ".tmp")):
                 path.unlink(missing_ok=True)
         for cid, (version, _) in self._files.items():
             if not self._path(cid, version).exists():
