@@ -8,9 +8,10 @@ Per round ``r`` (1-based):
    row records it as ``client_fraction``);
 2. for each phase of the algorithm: ``configure`` each selected client's payload, hand one job
    per client (payload, state, round context) to the client runner
-   (:mod:`pflkit.engine.clients`: in-process, process pool or Flower), keep the client states
-   it returns, count the bytes of payloads and uploads, then ``aggregate`` (torch seeded from
-   (seed, round, phase));
+   (:mod:`pflkit.engine.clients`: in-process, process pool, Ray or Flower), keep the client
+   states it returns (in the store bounded by ``engine.state_memory``,
+   :mod:`pflkit.engine.states`), count the bytes of payloads and uploads, then ``aggregate``
+   (torch seeded from (seed, round, phase));
 3. evaluate on the schedule (``eval.every`` and always the last round): the global model on the
    global test set here, and, at the same time, every client's personalized model through the
    runner, from the view ``eval_view`` gives it; with a validation split (``data.val_fraction``)
