@@ -348,6 +348,16 @@ def test_a_holdout_that_leaves_no_client_to_train_is_one_sentence():
     assert "\n" not in msg
 
 
+def test_held_out_clients_on_a_runner_that_keeps_states_on_its_nodes_are_refused():
+    class OnNodes(InProcess):  # as the Flower runner: client states live where clients run
+        keeps_state = False
+
+    with pytest.raises(PflkitError, match="data.holdout_clients needs client states") as err:
+        Simulation(tiny(data={"holdout_clients": 0.25}), runner=OnNodes())
+    assert "\n" not in str(err.value)
+    Simulation(tiny(), runner=OnNodes()).close()  # without held-out clients it runs
+
+
 def test_eval_clients_must_be_all_or_positive():
     raw = tiny_config()
     raw["eval"] = {"clients": 0}

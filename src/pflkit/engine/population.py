@@ -16,7 +16,7 @@ compare, every runner and a resumed run get the same (docs/guide.md, "Evaluation
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -52,14 +52,17 @@ def held_out(cfg: ExperimentConfig) -> tuple[int, ...]:
     return holdout_clients(d.seed, d.num_clients, d.holdout_clients)
 
 
-def training_clients(num_clients: int, holdout: tuple[int, ...]) -> list[int]:
-    """The clients that may be selected to train: all but the held-out ones, in order."""
+def training_clients(num_clients: int, holdout: tuple[int, ...]) -> Sequence[int]:
+    """The clients that may be selected to train: all but the held-out ones, in order (a
+    ``range`` when there are none)."""
+    if not holdout:
+        return range(num_clients)
     out = set(holdout)
     return [c for c in range(num_clients) if c not in out]
 
 
 def eval_sample(
-    seed: int, rnd: int, population: list[int], size: int | str, stream: int = 0xE5A
+    seed: int, rnd: int, population: Sequence[int], size: int | str, stream: int = 0xE5A
 ) -> list[int]:
     """The clients of ``population`` that evaluation round ``rnd`` scores: all of them
     (``size`` "all", or a number at least the population's size: capped), else a simple random

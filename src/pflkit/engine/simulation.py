@@ -30,6 +30,7 @@ whichever runner runs the clients.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterable
@@ -85,10 +86,7 @@ def sample_clients(
     number). ``holdout``: clients that never train (``data.holdout_clients``,
     :func:`~pflkit.engine.population.holdout_clients`); K counts the others, and the draw is
     of positions among them, so without held-out clients it is the one it always was."""
-    pool = range(num_clients)
-    if holdout:
-        out = set(holdout)
-        pool = [c for c in range(num_clients) if c not in out]
+    pool = training_clients(num_clients, holdout)
     k = len(pool)
     m = max(int(round(round_fraction(seed, rnd, fraction) * k)), 1)
     if m >= k:
@@ -136,6 +134,11 @@ class Simulation:
             torch.set_num_threads(cfg.threads)
         parse_params(cfg.algorithm)  # fail on bad parameters before the (slow) data load
         self.runner = runner if runner is not None else runner_for(cfg)
+        if held_out(cfg) and not self.runner.keeps_state:
+            raise PflkitError(
+                "data.holdout_clients needs client states in the engine, which this runner "
+                "(Flower) keeps on its nodes: run it in the simulation, or set it to 0"
+            )
         data = data if data is not None else build_federated(cfg.data)
         self.data = data.to(resolve_device(cfg.device))  # once, for the whole run
         # the union of the clients' validation splits, where the global model is scored
@@ -158,6 +161,11 @@ class Simulation:
         )
         # who has trained by a round: derived from the seeds alone (nothing to checkpoint)
         self.trained = TrainedClients(cfg, self.data.num_clients, sample_clients)
+        # every client's local test (and validation) sample count, the weights of evaluation
+        self.counts = {
+            split: np.array([c.size(split) for c in self.data.clients], dtype=float)
+            for split in ("test", "val")
+        }
         self.round = 0
         self.runner.start(cfg, data)  # on the CPU: a worker moves it to its own device
 
@@ -344,11 +352,6 @@ class Simulation:
 
         n, ctx, e = data.num_clients, round_context(senv.run, rnd, EVALUATE), cfg.eval
         holdout = held_out(cfg)
-        if holdout and not self.runner.keeps_state:
-            raise PflkitError(
-                "data.holdout_clients needs client states in the engine, which this runner "
-                "(Flower) keeps on its nodes: run it in the simulation, or set it to 0"
-            )
         population = training_clients(n, holdout)
         scored = eval_sample(cfg.seed, rnd, population, e.clients)
         scored_holdout = eval_sample(cfg.seed, rnd, list(holdout), e.clients, stream=0xE5B)
@@ -368,12 +371,11 @@ class Simulation:
                 (phase, algo.configure(senv, self.server, cid, rnd, phase))
                 for phase in algo.phases(rnd)
             )
-            state = self.job_state(cid)  # never trained: its first state
-            return EvalJob(cid, view(cid), state, ctx, e.batch_size, e.finetune_epochs, adapt=steps)
+            return dataclasses.replace(job(cid), adapt=steps)  # never trained: its first state
 
         jobs = itertools.chain(map(job, scored), map(holdout_job, scored_holdout))
         acc = self.run_bounded(jobs, score_global)
-        counts = np.array([c.size("test") for c in data.clients], dtype=float)
+        counts = self.counts["test"]
         test = {cid: acc[cid]["test"] for cid in scored if cid in acc}
         if e.clients == "all":
             row.update(personal_metrics(test, n, counts))
@@ -382,9 +384,8 @@ class Simulation:
             row["pers_acc_clients"] = [test.get(c) for c in range(n)]
             row["eval_clients"] = len(test)
         if self.val_xy is not None:
-            val_counts = np.array([c.size("val") for c in data.clients], dtype=float)
             val = {cid: acc[cid]["val"] for cid in scored if cid in acc}
-            row.update(val_metrics(val, val_counts))
+            row.update(val_metrics(val, self.counts["val"]))
         split = trained_split(test, self.trained.upto_round(rnd))
         if split["eval_untrained"] or e.clients != "all":
             row.update(split)
