@@ -151,14 +151,19 @@ def test_a_full_disk_while_writing_a_state_is_one_sentence_and_keeps_the_old_ver
     assert torch.equal(store[0]["w"], torch.full((4,), 1.0))
 
 
-def test_a_corrupted_state_file_is_one_sentence_exit_2_and_nothing_is_lost(tmp_path, cli):
+def ditto_on_disk(out: Path, checkpoint_every: int):
+    """A finished 2-round Ditto run with every client state on disk (``state_memory: 0``)."""
     cfg = tiny_config(
         algorithm={"name": "ditto"},
         engine={"workers": 1, "state_memory": 0},
         train={"rounds": 2},
-        output={"checkpoint_every": 1, "progress": False},
+        output={"checkpoint_every": checkpoint_every, "progress": False},
     )
-    run = run_experiment(validate(cfg), out=tmp_path / "run")
+    return run_experiment(validate(cfg), out=out)
+
+
+def test_a_corrupted_state_file_is_one_sentence_exit_2_and_nothing_is_lost(tmp_path, cli):
+    run = ditto_on_disk(tmp_path / "run", checkpoint_every=1)
     files = sorted((run.run_dir / "states").iterdir())
     assert len(files) == 4  # ditto: every client keeps its personal model
     blob = bytearray(files[1].read_bytes())
@@ -219,13 +224,7 @@ def test_a_kill_during_a_state_write_resumes_bit_identically(tmp_path):
 def test_reading_a_finished_run_removes_no_state_file(tmp_path):
     from pflkit.engine.runner import load_finished
 
-    cfg = tiny_config(
-        algorithm={"name": "ditto"},
-        engine={"workers": 1, "state_memory": 0},
-        train={"rounds": 2},
-        output={"checkpoint_every": 2, "progress": False},
-    )
-    run = run_experiment(validate(cfg), out=tmp_path / "run")
+    run = ditto_on_disk(tmp_path / "run", checkpoint_every=2)
     later = run.run_dir / "states" / "c0-v999.safetensors"  # as a resumed run might write
     later.write_bytes(b"x")
     sim = load_finished(run.run_dir)
