@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pflkit.errors import PflkitError
 from pflkit.strict import StrictNumbers
@@ -357,6 +357,57 @@ class SweepConfig(_Section):
     at: Literal["last", "mean_last", "val_round", "best_test"] = "last"
 
 
+class ClientDPConfig(_Section):
+    """Client-level differential privacy of the uploads (:mod:`pflkit.privacy.client_dp`):
+    DP-FedAvg (McMahan et al., ICLR 2018). Each client's update of the parts its algorithm
+    releases (its release map) is clipped to L2 norm ``clip``; ``mode: central`` adds Gaussian
+    noise of std ``noise_multiplier * clip`` to their sum at the server, ``mode: local`` to
+    each client's clipped update. Give ``noise_multiplier`` or ``target_epsilon`` (the noise
+    multiplier that spends exactly that epsilon over ``train.rounds``), not both."""
+
+    clip: float = Field(1.0, gt=0)  # C, the initial one with adaptive clipping
+    noise_multiplier: float | None = Field(None, ge=0)  # z
+    target_epsilon: float | None = Field(None, gt=0)
+    target_delta: float | None = Field(None, gt=0, lt=1)  # null: 1 / number of clients
+    mode: Literal["central", "local"] = "central"
+    accountant: Literal["rdp", "pld"] = "rdp"
+    # adaptive clipping (Andrew et al., NeurIPS 2021): C follows the target_quantile of the
+    # update norms, C <- C exp(-clip_lr (b - target_quantile)), b the noised clipped fraction
+    adaptive: bool = False
+    target_quantile: float = Field(0.5, gt=0, lt=1)  # gamma
+    clip_lr: float = Field(0.2, gt=0)  # eta_C
+    # sigma_b, the std of the noise on the clipped count; null: cohort size / 20 (paper §3)
+    count_noise: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> ClientDPConfig:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError(
+                "give exactly one of noise_multiplier (the noise) and target_epsilon (the "
+                "privacy budget the noise is calibrated to)"
+            )
+        return self
+
+
+class SampleDPConfig(_Section):
+    """Sample-level DP-SGD in every client's local training, personal steps included, through
+    Opacus (:mod:`pflkit.privacy.dpsgd`): per-sample gradients clipped to ``max_grad_norm``,
+    Gaussian noise of std ``noise_multiplier * max_grad_norm`` added to their sum, one
+    accountant per client."""
+
+    max_grad_norm: float = Field(1.0, gt=0)
+    noise_multiplier: float = Field(1.0, ge=0)
+    target_delta: float | None = Field(None, gt=0, lt=1)  # null: 1 / the client's sample count
+    accountant: Literal["rdp", "prv", "gdp"] = "rdp"
+
+
+class PrivacyConfig(_Section):
+    """Differential privacy (docs/privacy.md): none unless a section is given."""
+
+    client_dp: ClientDPConfig | None = None
+    sample_dp: SampleDPConfig | None = None
+
+
 class ExperimentConfig(_Section):
     name: str = "experiment"
     # modules that register user algorithms, models, datasets, partitioners (pflkit.plugins)
@@ -376,6 +427,7 @@ class ExperimentConfig(_Section):
     output: OutputConfig = OutputConfig()
     compare: CompareConfig = CompareConfig()
     sweep: SweepConfig = SweepConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
 
     @field_validator("algorithm")
     @classmethod
