@@ -83,6 +83,22 @@ class Algorithm:
 
     name: ClassVar[str]
     description: ClassVar[str]
+    # The release map: what leaves the client, upload key -> the payload key it updates (the
+    # update is ``upload[key] - payload[ref]``, e.g. ``{"weights": "weights"}``) or None for a
+    # statistic released as it is (prototypes, logits). Client-level DP
+    # (:mod:`pflkit.privacy.client_dp`) clips and noises exactly these; an upload may carry
+    # nothing else but ``num_samples``. None: not declared, and client-level DP is refused
+    # with ``release_refusal`` (why its uploads cannot be bounded).
+    release: ClassVar[Mapping[str, str | None] | None] = None
+    release_refusal: ClassVar[str] = "its release map is not declared yet"
+    # why the server needs each client's upload, not only a (weighted) mean of the uploads
+    # (similarity, attention, distillation, clustering); "" (default): it uses only the mean.
+    # Central client-level DP and secure aggregation hand the server only the sum, so they are
+    # refused with this reason
+    uses_each_upload: ClassVar[str] = ""
+    # the client-state keys that never leave the client (its personal parts); the privacy
+    # tests check that no upload carries any of their tensors
+    private: ClassVar[tuple[str, ...]] = ()
 
     class Params(StrictNumbers):
         """The algorithm's hyper-parameters (each declared with :func:`param`)."""

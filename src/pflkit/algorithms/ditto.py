@@ -84,6 +84,7 @@ def smooth_l1_proximal_loss(global_weights: Mapping[str, torch.Tensor], lam: flo
 @register
 class Ditto(FedAvg):
     name = "ditto"
+    private = ("personal",)
     description = "Ditto (Li et al. 2021): FedAvg + a private model pulled toward the global one"
 
     class Params(FedAvg.Params):

@@ -140,6 +140,8 @@ def pair_stats(a: Mapping[str, Tensor], b: Mapping[str, Tensor], keys: Sequence[
 @register
 class FedAMP(Algorithm):
     name = "fedamp"
+    release = {"weights": "weights"}
+    uses_each_upload = "gives each client its own attention-weighted mix of the clients' models"
     description = (
         "FedAMP (Huang et al. 2021): per-client cloud models by attentive message passing, "
         "personal models trained with a proximal pull to them"

@@ -115,6 +115,9 @@ def fedap_weights(
 @register
 class FedAP(FedBN):
     name = "fedap"
+    release = None
+    release_refusal = "its first upload carries the batch-norm statistics of the client's data, with no clipping defined"
+    uses_each_upload = "mixes each client's model by the similarity of its batch-norm statistics"
     description = (
         "f-FedAP (Lu et al. 2022): FedBN warm-up, then aggregation weighted by the Wasserstein "
         "distance of BN statistics, with model momentum"

@@ -33,6 +33,7 @@ from pflkit.algorithms.env import ClientEnv
 @register
 class FedAvg(Algorithm):
     name = "fedavg"
+    release = {"weights": "weights"}  # the trained model, an update of the download
     description = "FedAvg (McMahan et al. 2017): local SGD, sample-weighted model averaging"
 
     class Params(Algorithm.Params):

@@ -149,6 +149,8 @@ def ensemble_distill(
 @register
 class FedDF(Algorithm):
     name = "feddf"
+    release = {"weights": "weights"}
+    uses_each_upload = "distils the ensemble of the clients' models on the public set"
     description = (
         "FedDF (Lin et al. 2020): FedAvg within each architecture group, then server-side "
         "ensemble distillation of all client models into each prototype on a public set"

@@ -97,6 +97,8 @@ def feddyn_server_update(
 @register
 class FedDyn(Algorithm):
     name = "feddyn"
+    release = {"weights": "weights"}
+    private = ("grad",)
     description = "FedDyn (Acar et al. 2021): dynamic linear + quadratic regularizer, server h"
 
     class Params(Algorithm.Params):

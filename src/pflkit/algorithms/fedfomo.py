@@ -124,6 +124,9 @@ def val_loss(model: torch.nn.Module, weights: Mapping, x: torch.Tensor, y: torch
 @register
 class FedFomo(Algorithm):
     name = "fedfomo"
+    release = None
+    release_refusal = "its upload carries the mixing weights w it derived from its validation losses, with no clipping defined"
+    uses_each_upload = "sends each client other clients' own models"
     description = "FedFomo (Zhang et al. 2021): clients weight M downloaded models by val-loss gain"
 
     class Params(Algorithm.Params):

@@ -123,6 +123,8 @@ def head_logits(model: nn.Module, weights: Mapping[str, Tensor], feat: Tensor) -
 @register
 class FedGen(Algorithm):
     name = "fedgen"
+    release = None
+    release_refusal = "its upload carries the client's label counts, with no clipping defined"
     description = "FedGen (Zhu et al. 2021): FedAvg + a server generator of latent features"
 
     class Params(Algorithm.Params):

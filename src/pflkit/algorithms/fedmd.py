@@ -33,6 +33,8 @@ from pflkit.algorithms.blocks.distill import SoftTeacherKD
 @register
 class FedMD(SoftTeacherKD):
     name = "fedmd"
+    release = None
+    release_refusal = "its uploads are soft predictions on the public set, for which pflkit defines no clipping yet"
     description = (
         "FedMD (Li & Wang 2019): average of soft predictions on a public set as one consensus; "
         "digest (distil) then revisit (private training); heterogeneous models"

@@ -150,6 +150,8 @@ def nova_server_step(
 @register
 class FedNova(FedAvg):
     name = "fednova"
+    release = None
+    release_refusal = "its upload carries the normaliser a_i and the step count tau_i, functions of the client's data size with no clipping defined"
     description = (
         "FedNova (Wang et al. 2020): local updates normalised by their step counts, "
         "rescaled by the effective number of steps"

@@ -299,6 +299,8 @@ def require_same_feature_dim(env: ServerEnv, name: str) -> int:
 @register
 class FedProto(Algorithm):
     name = "fedproto"
+    release = None
+    release_refusal = "its upload names the classes the client holds (and, with count weighting, their sample counts), statistics with no clipping defined"
     description = (
         "FedProto (Tan et al. 2022): clients share class prototypes only (any architecture "
         "with one feature size); local CE + lam * distance to the global prototypes"

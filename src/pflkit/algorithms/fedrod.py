@@ -95,6 +95,7 @@ class TwoHeads(nn.Module):
 @register
 class FedRoD(FedAvg):
     name = "fedrod"
+    private = ("phead",)
     description = "FedRoD (Chen & Chao 2022): generic head (balanced softmax) + private head"
 
     class Params(FedAvg.Params):

@@ -139,6 +139,7 @@ class GatedMixture(nn.Module):
 @register
 class FLDA(FedAvg):
     name = "flda"
+    private = ("private",)
     description = "FLDA (Peterson et al. 2019): FedAvg model + private model, mixed by a gate"
 
     class Params(FedAvg.Params):

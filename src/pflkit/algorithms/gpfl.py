@@ -198,6 +198,8 @@ class GPFLNet(nn.Module):
 @register
 class GPFL(Algorithm):
     name = "gpfl"
+    release = {"shared": "shared"}  # feature extractor, CoV and GCE
+    private = ("head",)
     description = "GPFL (Zhang et al. 2023): CoV + global category embeddings, private head"
 
     class Params(Algorithm.Params):

@@ -245,6 +245,8 @@ def with_c(server: State, c: Tensor) -> State:
 @register
 class KTpFL(SoftTeacherKD):
     name = "ktpfl"
+    release = None
+    release_refusal = "its uploads are soft predictions on the public set, for which pflkit defines no clipping yet"
     description = (
         "KT-pFL (Zhang et al. 2021): soft predictions on a public set, learned knowledge-"
         "coefficient matrix c mixes them into per-client teachers; heterogeneous models"
@@ -302,6 +304,8 @@ def mix_weights(c_col: Tensor, models: list[Weights], own: Weights) -> Weights:
 @register
 class KTpFLHomo(Algorithm):
     name = "ktpfl_homo"
+    release = None
+    release_refusal = "its uploads are soft predictions on the public set, for which pflkit defines no clipping yet"
     description = (
         "KT-pFL, homogeneous variant (Table 2): the learned matrix c mixes client parameters "
         "into one personalised model per client (inferred design: App. C is missing)"

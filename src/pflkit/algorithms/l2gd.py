@@ -117,6 +117,8 @@ def pull(x: Mapping[str, torch.Tensor], x_bar: Mapping[str, torch.Tensor], c: fl
 @register
 class L2GD(FedAvg):
     name = "l2gd"
+    release = None
+    release_refusal = "it uploads only in the rounds its coin flip communicates, and pflkit's client-level DP releases once every round"
     description = (
         "L2GD (Hanzely & Richtárik 2020): private models, geometric runs of local steps, "
         "pulled toward their average with probability p"

@@ -23,6 +23,7 @@ from pflkit.algorithms.env import ClientEnv, ServerEnv
 @register
 class Local(Algorithm):
     name = "local"
+    release = {}  # nothing leaves the client
     description = "Local training only: every client trains its own model, no communication"
 
     def server_init(self, env: ServerEnv) -> State:

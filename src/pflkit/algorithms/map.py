@@ -104,6 +104,7 @@ class MAP(RestrictedSoftmax, FedAvg):
 @register
 class ScaMAP(MAP):
     name = "scamap"
+    release = {"delta_y": None, "delta_c": None}  # SCAFFOLD's stage A upload
     description = "ScaMAP (Li et al. 2024): MAP whose stage A is SCAFFOLD on the RS loss"
 
     class Params(MAPParams, ScaffoldServerParams):

@@ -134,6 +134,9 @@ def mix(stored: list[Weights], w: Tensor, keys: list[str], own: Weights) -> Weig
 @register
 class PFedSim(Algorithm):
     name = "pfedsim"
+    release = {"weights": "weights"}
+    uses_each_upload = "measures the similarity of each client's classifier and mixes each client's extractor by it"
+    private = ("buffers",)  # with bn_stats: local
     description = (
         "pFedSim (Tan et al. 2023): FedAvg warm-up, then per-client extractors averaged by "
         "classifier similarity, private classifiers"

@@ -274,6 +274,7 @@ def scaffold_aggregate(env: ServerEnv, server: State, uploads, p, weighting: Wei
 @register
 class Scaffold(Algorithm):
     name = "scaffold"
+    release = {"delta_y": None, "delta_c": None}  # both are updates, clipped together
     description = "SCAFFOLD (Karimireddy et al. 2020): control variates correct client drift"
 
     class Params(ScaffoldServerParams):

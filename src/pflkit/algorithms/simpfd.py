@@ -55,6 +55,8 @@ def topk_weights(soft: torch.Tensor, k: int) -> torch.Tensor:
 @register
 class SimPFD(SoftTeacherKD):
     name = "simpfd"
+    release = None
+    release_refusal = "its uploads are soft predictions on the public set, for which pflkit defines no clipping yet"
     description = (
         "Sim-pFD (KT-pFL baseline): per-client teachers weighted by cosine similarity of soft "
         "predictions on a public set; heterogeneous models"

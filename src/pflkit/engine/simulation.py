@@ -62,6 +62,7 @@ from pflkit.engine.states import ClientStates
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
 from pflkit.eval.evaluate import holdout_metrics, sampled_metrics, trained_split
+from pflkit.privacy import client_dp
 
 
 def round_fraction(seed: int, rnd: int, fraction: float | list[float]) -> float:
@@ -150,6 +151,8 @@ class Simulation:
         self.senv, self.envs = make_envs(cfg, self.data)
         self.algo = build_algorithm(cfg.algorithm)
         self.algo.check(self.senv)
+        # client-level DP of the uploads (privacy.client_dp): None when off
+        self.dp = client_dp.build(cfg, self.algo, len(training_clients(cfg.data.num_clients, held_out(cfg))))
         seed_torch(cfg.seed, 0, 0xD0)
         self.server: State = self.algo.server_init(self.senv)
         # the clients' states (in-process and process-pool runners), bounded in memory
@@ -200,6 +203,8 @@ class Simulation:
             return
         index = self.clients.commit()
         state = {"round": self.round, "server": self.server, "client_states": index}
+        if self.dp is not None:
+            state["privacy"] = self.dp.state()  # the adaptive clipping norm
         save_checkpoint(path, state | {"fingerprint": fingerprint})
         self.clients.committed(index)
 
@@ -224,6 +229,8 @@ class Simulation:
                 "continues a run with its own config; start a new run instead"
             )
         self.round, self.server = ckpt["round"], ckpt["server"]
+        if self.dp is not None:
+            self.dp.load(ckpt.get("privacy"))
         self.clients.restore(ckpt.get("client_states"), prune)
         for cid, state in ckpt.get("clients", {}).items():  # a checkpoint from before the store
             self.clients[cid] = state
@@ -293,9 +300,12 @@ class Simulation:
                 if "train_loss" in update.metrics:
                     losses.append(update.metrics["train_loss"])
             if uploads:  # nothing to aggregate when every client failed or dropped
+                released = uploads
+                if self.dp is not None:  # what the server may see: clipped, noised
+                    released = self.dp.release(algo, uploads, payloads, rnd, p)
                 seed_torch(cfg.seed, rnd, p, 0xA6)
                 t_agg = time.perf_counter()
-                self.server = algo.aggregate(senv, self.server, uploads, rnd, phase)
+                self.server = algo.aggregate(senv, self.server, released, rnd, phase)
                 seconds_aggregate += time.perf_counter() - t_agg
         t1 = time.perf_counter()
         row: dict[str, Any] = {"round": rnd, "clients": selected}
@@ -315,6 +325,8 @@ class Simulation:
             row.update(self.evaluate(rnd, uploads))
         if diverged:
             row["diverged_clients"] = diverged
+        if self.dp is not None:
+            row.update(self.dp.row(rnd))
         row.update(self.runner.row_extras(row))
         t2 = time.perf_counter()
         # the only non-deterministic fields of a metrics row start with "seconds_"

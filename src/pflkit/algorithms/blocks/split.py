@@ -63,6 +63,9 @@ class SplitBody(Algorithm):
     state ``head``), less the body layers named in ``private_layers``, which are private too.
     Subclasses define :meth:`local_train`."""
 
+    release = {"body": "body"}
+    private = ("head",)
+
     class Params(Algorithm.Params):
         weighting: Weighting = param(
             "samples", "FedPer paper Alg. 1 (n_j / n); FedRep paper: plain mean; PFLlib: samples"
