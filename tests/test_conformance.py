@@ -6,6 +6,7 @@ results from every client runner (in-process, process pool, Flower)."""
 from __future__ import annotations
 
 import importlib
+import math
 import io
 import pkgutil
 
@@ -268,3 +269,45 @@ def test_flower_equals_embedded(name, reference, tmp_path):
     assert len(flower.rows) == len(result.rows)
     for a, b in zip(flower.rows, result.rows, strict=True):
         assert_rows_close(a, b)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_uploads_follow_the_release_map_and_never_carry_a_private_part(name, reference):
+    """Every upload carries only what the algorithm's release map names (and num_samples), and
+    none of its tensors is one of the client's private parts (``Algorithm.private``)."""
+    from pflkit.privacy.client_dp import META
+
+    cls = ALGORITHMS.lookup(name)
+    _, rec = reference(name)
+    private_seen = False
+    for (rnd, cid, upload), state in zip(rec.uploads, rec.states, strict=True):
+        if cls.release is not None:
+            extra = set(upload) - set(cls.release) - META
+            assert not extra, f"{name} uploads {extra} outside its release map (round {rnd})"
+        mine = [t for k in cls.private if k in state for t in leaves(state[k])]
+        private_seen |= bool(mine)
+        sent = [t for t in leaves(upload) if isinstance(t, torch.Tensor)]
+        for p in mine:
+            assert not any(
+                s.shape == p.shape and torch.equal(s, p) for s in sent
+            ), f"{name}: client {cid}'s upload in round {rnd} carries a private tensor"
+    # the check is not vacuous: every declared private part exists (pFedSim's BN buffers and
+    # FedBN's only with BatchNorm layers, which the conformance MLP has none of)
+    assert private_seen or not cls.private or name in ("pfedsim", "fedbn", "fedap")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_client_dp_runs_or_is_refused_in_one_sentence(name, tmp_path):
+    """Client-level DP runs every algorithm with a release map (central, or local where the
+    server uses each upload) and reports epsilon; the others are refused with their reason."""
+    cls = ALGORITHMS.lookup(name)
+    mode = "local" if cls.uses_each_upload else "central"
+    dp = {"clip": 1.0, "noise_multiplier": 1.0, "mode": mode}
+    cfg = conformance_config(name, privacy={"client_dp": dp})
+    if not cls.release:
+        with pytest.raises(PflkitError, match=f"'{name}'"):
+            Simulation(cfg)
+        return
+    with Simulation(cfg) as sim:
+        row = sim.run_round(1)
+    assert row["dp_epsilon"] > 0 and math.isfinite(row["dp_epsilon"])
