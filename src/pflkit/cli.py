@@ -860,9 +860,12 @@ def _show_params(name: str) -> None:
 
     from pflkit.algorithms import ALGORITHMS
 
+    from pflkit.privacy.client_dp import describe_release
+
     cls = ALGORITHMS.lookup(name)
     if not cls.Params.model_fields:
         out_console.print(f"algorithm '{name}' takes no parameters")
+        out_console.print("\n".join(describe_release(cls)), highlight=False)
         return
     t = Table(title=f"{name}: {cls.description}", title_justify="left")
     for col in ("parameter", "type", "default", "source of the default"):
@@ -872,6 +875,7 @@ def _show_params(name: str) -> None:
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         t.add_row(key, kind.replace("'>", ""), repr(field.default), str(extra.get("source", "")))
     out_console.print(t)
+    out_console.print("\n".join(describe_release(cls)), highlight=False)
 
 
 # -- Flower --------------------------------------------------------------------------------------

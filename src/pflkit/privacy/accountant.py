@@ -15,23 +15,37 @@ fixed m (the paper's fixed-denominator estimator).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
-import dp_accounting
-from dp_accounting import pld, rdp
+from pflkit.errors import PflkitError
 
 Kind = Literal["rdp", "pld"]
 
 
-def dp_event(noise_multiplier: float, sampling_rate: float, rounds: int) -> dp_accounting.DpEvent:
+def _lib() -> Any:
+    """dp-accounting, imported on first use (an optional dependency)."""
+    try:
+        import dp_accounting
+        import dp_accounting.pld
+        import dp_accounting.rdp
+    except ImportError:
+        raise PflkitError(
+            "differential privacy needs dp-accounting: pip install 'pflkit[privacy]'"
+        ) from None
+    return dp_accounting
+
+
+def dp_event(noise_multiplier: float, sampling_rate: float, rounds: int) -> Any:
     """The privacy event of ``rounds`` releases of the subsampled Gaussian mechanism."""
+    dp_accounting = _lib()
     gauss = dp_accounting.GaussianDpEvent(noise_multiplier)
     one = gauss if sampling_rate >= 1 else dp_accounting.PoissonSampledDpEvent(sampling_rate, gauss)
     return dp_accounting.SelfComposedDpEvent(one, rounds)
 
 
-def accountant(kind: Kind) -> dp_accounting.PrivacyAccountant:
-    return rdp.RdpAccountant() if kind == "rdp" else pld.PLDAccountant()
+def accountant(kind: Kind) -> Any:
+    lib = _lib()
+    return lib.rdp.RdpAccountant() if kind == "rdp" else lib.pld.PLDAccountant()
 
 
 def epsilon(
@@ -52,6 +66,7 @@ def calibrate(
 ) -> float:
     """The smallest noise multiplier whose epsilon after ``rounds`` releases is at most
     ``target_epsilon`` at ``delta`` (dp-accounting's bisection, to 1e-4 relative)."""
+    dp_accounting = _lib()
     z = dp_accounting.calibrate_dp_mechanism(
         lambda: accountant(kind),
         lambda z: dp_event(z, sampling_rate, rounds),

@@ -69,6 +69,29 @@ def rebuild(tree: Any, values: Mapping[str, Tensor], prefix: str = "") -> Any:
     return tree
 
 
+def describe_release(cls: type[Algorithm]) -> list[str]:
+    """What ``pflkit list --params`` says of an algorithm's release map, one line each."""
+    if cls.release is None:
+        return [
+            "releases: not declared as a release map",
+            f"client-level DP: refused, {cls.release_refusal}",
+        ]
+    parts = [
+        f"{key} (an update of the download's {ref})" if ref else f"{key} (as it is)"
+        for key, ref in cls.release.items()
+    ]
+    lines = [f"releases: {', '.join(parts) or 'nothing'}"]
+    if cls.private:
+        lines.append(f"keeps private (never uploaded): {', '.join(cls.private)}")
+    if not cls.release:
+        lines.append("client-level DP: nothing to protect")
+    elif cls.uses_each_upload:
+        lines.append(f"client-level DP: mode local only (it {cls.uses_each_upload})")
+    else:
+        lines.append("client-level DP: mode central or local")
+    return lines
+
+
 def cohort_rate(cfg: ExperimentConfig, num_training: int) -> tuple[int, float]:
     """The cohort size m of every round and the sampling rate q = m / N of the accountant."""
     frac = cfg.train.client_fraction

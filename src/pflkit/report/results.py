@@ -483,6 +483,7 @@ def build_report(
     best = choose({k: _mean(v) for k, v in main.items()})
     numbers: dict[str, Any] = {}
     rows = []
+    private = any("privacy" in r.summary for s in settings for r in s.runs)
     for s in settings:
         kb, sec = _cost(s)
         cols = {k: values(s, k, at) for k in shown}
@@ -505,6 +506,10 @@ def build_report(
             v = values(s, metric, at, val=True)
             numbers[s.label]["val_" + metric] = list(v.values())
             cells.append(_fmt(v))
+        if private:  # the client-level budget spent (privacy.client_dp): equal over seeds
+            spent = {(r.summary.get("privacy") or {}).get("epsilon") for r in s.runs}
+            numbers[s.label]["dp_epsilon"] = sorted(spent, key=str)
+            cells.append(", ".join("∞ (no DP)" if e is None else f"{e:.2f}" for e in sorted(spent, key=str)))
         rows.append(cells + [f"{kb / 1024:.1f}", f"{sec:.2f}"])
     columns = ["setting", *shown.values()]
     if sampled:
@@ -512,6 +517,8 @@ def build_report(
     columns.append("p vs best")
     if has_val:
         columns.append(f"validation: {CHOOSABLE[metric]}")
+    if private:
+        columns.append("client-level ε")
     columns += ["KB / client / round", "s / round"]
     tables = [Table("All settings", columns, rows)]
     if select != "none":
