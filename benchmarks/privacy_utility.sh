@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The privacy-utility table's runs (docs/privacy.md): configs/privacy/fmnist_dp.yaml at
+# client-level epsilon infinity (no DP), 8, 3 and 1, 3 seeds each, into results/privacy-fmnist/;
+# then pFedSim, which only the local mechanism can run, at infinity and 8. Rerunning continues
+# (pflkit compare keeps finished runs). Then: python benchmarks/privacy_doc.py
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CFG=configs/privacy/fmnist_dp.yaml
+OUT=${OUT:-results/privacy-fmnist}
+pflkit compare "$CFG" -q --set privacy.client_dp=null --out "$OUT/eps-inf"
+for eps in 8 3 1; do
+    pflkit compare "$CFG" -q --set privacy.client_dp.target_epsilon=$eps --out "$OUT/eps-$eps"
+done
+pflkit compare "$CFG" -q --algorithms pfedsim --set privacy.client_dp=null --out "$OUT/pfedsim-eps-inf"
+pflkit compare "$CFG" -q --algorithms pfedsim --set privacy.client_dp.mode=local \
+    --set privacy.client_dp.target_epsilon=8 --out "$OUT/pfedsim-local-eps-8"
