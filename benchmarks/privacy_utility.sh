@@ -7,10 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CFG=configs/privacy/fmnist_dp.yaml
 OUT=${OUT:-results/privacy-fmnist}
-pflkit compare "$CFG" -q --set privacy.client_dp=null --out "$OUT/eps-inf"
+pflkit compare "$CFG" -q --jobs 2 --set privacy.client_dp=null --out "$OUT/eps-inf"
 for eps in 8 3 1; do
-    pflkit compare "$CFG" -q --set privacy.client_dp.target_epsilon=$eps --out "$OUT/eps-$eps"
+    pflkit compare "$CFG" -q --jobs 2 --set privacy.client_dp.target_epsilon=$eps --out "$OUT/eps-$eps"
 done
-pflkit compare "$CFG" -q --algorithms pfedsim --set privacy.client_dp=null --out "$OUT/pfedsim-eps-inf"
-pflkit compare "$CFG" -q --algorithms pfedsim --set privacy.client_dp.mode=local \
+pflkit compare "$CFG" -q --jobs 2 --algorithms pfedsim --set privacy.client_dp=null --out "$OUT/pfedsim-eps-inf"
+pflkit compare "$CFG" -q --jobs 2 --algorithms pfedsim --set privacy.client_dp.mode=local \
     --set privacy.client_dp.target_epsilon=8 --out "$OUT/pfedsim-local-eps-8"
