@@ -34,7 +34,7 @@ from pflkit.algorithms.blocks.training import (
     steps_per_epoch,
 )
 from pflkit.algorithms.context import RoundContext
-from pflkit.config import SystemConfig, TrainConfig
+from pflkit.config import SampleDPConfig, SystemConfig, TrainConfig
 from pflkit.data.federated import ClientData
 from pflkit.models import PFLModel, build_model
 
@@ -83,6 +83,8 @@ class RunFacts:
     seed: int
     selected_eval: bool  # MAP's protocol will score each selected client's trained model
     system: SystemConfig = field(default_factory=SystemConfig)  # dropout and stragglers
+    # sample-level DP-SGD in every local step (privacy.sample_dp; None: off)
+    sample_dp: SampleDPConfig | None = None
 
     @property
     def rounds(self) -> int:
@@ -129,7 +131,9 @@ class ClientEnv:
         ``grad_hooks`` given here run after ``train.grad_clip``'s clipping, when it is set;
         ``train.augment`` augments the batches. The round context ``ctx`` gives the optimiser,
         the round's learning-rate factor and drop_last (``ctx.optim``); a straggler (``ctx.work``
-        below 1) runs ``ctx.work_steps`` of the steps asked for."""
+        below 1) runs ``ctx.work_steps`` of the steps asked for. With ``privacy.sample_dp`` the
+        steps are DP-SGD's (:func:`pflkit.privacy.dpsgd.dp_sgd`: Poisson batches, per-sample
+        clipping and noise through Opacus; ``grad_hooks`` run on the noised gradient)."""
         t = self.run.train
         hooks = [clip_grad(t.grad_clip)] if t.grad_clip is not None else []
         hooks += list(overrides.pop("grad_hooks", ()))
@@ -150,6 +154,13 @@ class ClientEnv:
                 per_epoch = steps_per_epoch(self.num_train, kwargs["batch_size"], ctx.drop_last)
                 steps = kwargs["epochs"] * per_epoch
             kwargs["steps"] = ctx.work_steps(steps)
+        if self.run.sample_dp is not None:
+            from pflkit.privacy.dpsgd import dp_sgd  # imports Opacus: only when asked for
+
+            d = self.data
+            return dp_sgd(
+                model, d.train_x, d.train_y, self.run.sample_dp, optim=ctx.optim, **kwargs
+            )
         return local_sgd(model, self.data.train_x, self.data.train_y, optim=ctx.optim, **kwargs)
 
 

@@ -50,6 +50,7 @@ from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
 from pflkit.experiment import validate
+from pflkit.privacy import dpsgd
 
 # -- seeding (the same in every runner) ------------------------------------------------------------
 
@@ -142,7 +143,10 @@ def train_client(
     one sentence (the usual cause: the lr), or with ``train.on_nan: skip_client`` returns None:
     the client is left out of the round and keeps its previous state."""
     seed_torch(ctx.seed, ctx.round, phase_index, env.cid)
-    update = algo.client_update(env, payload, state, ctx)
+    if env.run.sample_dp is not None:  # DP-SGD, its steps counted in the state (dpsgd.HISTORY)
+        update = dpsgd.client_update(algo, env, payload, state, ctx)
+    else:
+        update = algo.client_update(env, payload, state, ctx)
     bad = [f"{k} is {v}" for k, v in update.metrics.items() if not math.isfinite(v)]
     if not bad and not _finite(update.upload):
         bad = ["upload holds inf or nan values"]
@@ -212,6 +216,7 @@ def scored_model(
     the client's training split (:func:`finetune_for_eval`). Torch is seeded first
     (:func:`seed_eval`), so every caller gets the same model."""
     selected = upload is not None
+    state = dpsgd.without_history(state)  # DP-SGD's step count is not the algorithm's
     if adapt is not None:
         state = adapt_client(algo, env, adapt, state, ctx)
     seed_eval(ctx.seed, ctx.round, env.cid, selected)

@@ -9,10 +9,12 @@ from typing import Any
 
 import torch
 
+from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.env import ClientEnv, ModelPool, RunFacts, ServerEnv
 from pflkit.config import ExperimentConfig, ModelConfig, resolve_device
 from pflkit.data.federated import FederatedDataset
 from pflkit.errors import PflkitError
+from pflkit.privacy import dpsgd
 
 
 def arch_specs(m: ModelConfig) -> tuple[dict[str, tuple[str, dict[str, Any]]], str, list[str]]:
@@ -51,7 +53,9 @@ def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv,
         )
     n = data.num_clients
     archs = [order[c % len(order)] if order else global_arch for c in range(n)]
-    facts = RunFacts(cfg.train, cfg.seed, cfg.eval.selected_clients, cfg.system)
+    facts = RunFacts(
+        cfg.train, cfg.seed, cfg.eval.selected_clients, cfg.system, cfg.privacy.sample_dp
+    )
     server = ServerEnv(
         num_clients=n,
         archs=archs,
@@ -66,4 +70,6 @@ def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv,
         ClientEnv(c, data.clients[c], data.num_classes, archs[c], pool, facts, data.public_x)
         for c in range(n)
     ]
+    if cfg.privacy.sample_dp is not None:  # DP-SGD refuses what it cannot cover, up front
+        dpsgd.check_sample_dp(cfg, build_algorithm(cfg.algorithm), server)
     return server, clients

@@ -62,7 +62,7 @@ from pflkit.engine.states import ClientStates
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
 from pflkit.eval.evaluate import holdout_metrics, sampled_metrics, trained_split
-from pflkit.privacy import client_dp
+from pflkit.privacy import client_dp, dpsgd
 
 
 def round_fraction(seed: int, rnd: int, fraction: float | list[float]) -> float:
@@ -153,6 +153,8 @@ class Simulation:
         self.algo.check(self.senv)
         # client-level DP of the uploads (privacy.client_dp): None when off
         self.dp = client_dp.build(cfg, self.algo, len(training_clients(cfg.data.num_clients, held_out(cfg))))
+        # sample-level DP-SGD (privacy.sample_dp): every client's latest epsilon, for the rows
+        self.sample_dp = dpsgd.EpsilonTable() if cfg.privacy.sample_dp is not None else None
         seed_torch(cfg.seed, 0, 0xD0)
         self.server: State = self.algo.server_init(self.senv)
         # the clients' states (in-process and process-pool runners), bounded in memory
@@ -205,6 +207,8 @@ class Simulation:
         state = {"round": self.round, "server": self.server, "client_states": index}
         if self.dp is not None:
             state["privacy"] = self.dp.state()  # the adaptive clipping norm
+        if self.sample_dp is not None:
+            state["sample_dp"] = self.sample_dp.state()  # every client's latest epsilon
         save_checkpoint(path, state | {"fingerprint": fingerprint})
         self.clients.committed(index)
 
@@ -231,6 +235,8 @@ class Simulation:
         self.round, self.server = ckpt["round"], ckpt["server"]
         if self.dp is not None:
             self.dp.load(ckpt.get("privacy"))
+        if self.sample_dp is not None:
+            self.sample_dp.load(ckpt.get("sample_dp"))
         self.clients.restore(ckpt.get("client_states"), prune)
         for cid, state in ckpt.get("clients", {}).items():  # a checkpoint from before the store
             self.clients[cid] = state
@@ -297,6 +303,8 @@ class Simulation:
                 if self.runner.keeps_state:
                     self.clients[cid] = update.state
                 up[cid] += nbytes(update.upload)
+                if self.sample_dp is not None:
+                    self.sample_dp.record(cid, update.metrics)
                 if "train_loss" in update.metrics:
                     losses.append(update.metrics["train_loss"])
             if uploads:  # nothing to aggregate when every client failed or dropped
@@ -327,6 +335,8 @@ class Simulation:
             row["diverged_clients"] = diverged
         if self.dp is not None:
             row.update(self.dp.row(rnd))
+        if self.sample_dp is not None:
+            row.update(self.sample_dp.row())
         row.update(self.runner.row_extras(row))
         t2 = time.perf_counter()
         # the only non-deterministic fields of a metrics row start with "seconds_"

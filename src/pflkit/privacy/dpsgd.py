@@ -304,10 +304,10 @@ def epsilon(history: Sequence[Sequence[float]], delta: float, accountant: str = 
             "the gdp accountant composes one (noise multiplier, sampling rate) pair, but this "
             f"client trained with {len(steps)}: set privacy.sample_dp.accountant: rdp"
         )
-    acc = create_accountant(accountant)
-    acc.history = steps
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # gdp's "experimental" warning, prv's numerics
         warnings.simplefilter("ignore")
+        acc = create_accountant(accountant)
+        acc.history = steps
         return float(acc.get_epsilon(delta))
 
 
@@ -340,9 +340,7 @@ def client_update(
     history = merged(before, tally.history)
     metrics = {**update.metrics, "dpsgd_steps": float(sum(int(s) for *_, s in history))}
     if dp.noise_multiplier > 0:
-        metrics["dpsgd_epsilon"] = epsilon(
-            history, client_delta(dp, env.num_train), dp.accountant
-        )
+        metrics["dpsgd_epsilon"] = epsilon(history, client_delta(dp, env.num_train), dp.accountant)
     return update._replace(state={**update.state, HISTORY: history}, metrics=metrics)
 
 
@@ -427,7 +425,9 @@ def dp_sgd(
     regularised = loss_fn is not cross_entropy  # terms without per-sample gradients, maybe
     total = torch.zeros((), device=x.device)
     batches = 0
-    with frozen_except(model, params):
+    with frozen_except(model, params), warnings.catch_warnings():
+        # the first layer's input needs no gradient: torch says so on every backward pass
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
         hooks = GradSampleHooks(model, loss_reduction="mean")
         opt = DPOptimizer(
             make_optimizer(params, lr, momentum, weight_decay, optim),
@@ -451,7 +451,9 @@ def dp_sgd(
                     batches += 1
                 for p in params:  # a tensor this batch did not reach: no per-sample gradient
                     if getattr(p, "grad_sample", None) is None:
-                        p.grad_sample = torch.zeros((len(idx), *p.shape), device=p.device, dtype=p.dtype)
+                        p.grad_sample = torch.zeros(
+                            (len(idx), *p.shape), device=p.device, dtype=p.dtype
+                        )
                 opt.pre_step()  # clip, sum, noise, divide by q n (Opacus)
                 if extra is not None:
                     for p, g in zip(params, extra, strict=True):
