@@ -48,6 +48,11 @@ def per_seed(folder: Path, method: str) -> dict[int, float]:
     return out
 
 
+def folder(eps: str, method: str) -> str:
+    """Where benchmarks/privacy_utility.sh puts ``method``'s runs at ``eps``."""
+    return f"eps-{eps}-gpfl" if method == "gpfl" else f"eps-{eps}"
+
+
 def epsilon_of(folder: Path) -> str:
     vals = sorted(
         {
@@ -66,7 +71,7 @@ def fmt(v: dict[int, float]) -> str:
 
 
 def utility(results: Path) -> tuple[list[str], dict]:
-    acc = {e: {m: per_seed(results / f"eps-{e}", m) for m in METHODS} for e in EPS}
+    acc = {e: {m: per_seed(results / folder(e, m), m) for m in METHODS} for e in EPS}
     acc_sim = {e: per_seed(results / f"pfedsim-{'local-' if e != 'inf' else ''}eps-{e}", "pfedsim") for e in ("inf", "8")}
     lines = [
         "## Privacy-utility table",
