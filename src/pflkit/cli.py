@@ -681,18 +681,28 @@ def similarity(
 def privacy(
     config: ConfigArg = None,
     set_: SetOpt = None,
-    attack: Annotated[str, typer.Option(help="The attack: dlg (Zhu et al. 2019).")] = "dlg",
-    round_: Annotated[
-        int,
-        typer.Option("--round", help="The attacked round; rounds before it train as a run would."),
-    ] = 1,
-    victims: Annotated[
+    attack: Annotated[
         str,
         typer.Option(
-            help="How many clients to attack (the first N that upload in that round), or "
-            "their ids: 0,3,7 (one id: 7,)."
+            help="The attack: dlg (Zhu et al. 2019), or mia: membership inference (loss, "
+            "calibrated) and label inference; or a comma list of loss, calibrated, label."
         ),
-    ] = "4",
+    ] = "dlg",
+    round_: Annotated[
+        int | None,
+        typer.Option(
+            "--round",
+            help="The attacked round; rounds before it train as a run would (default: dlg 1, "
+            "mia the last).",
+        ),
+    ] = None,
+    victims: Annotated[
+        str | None,
+        typer.Option(
+            help="How many clients to attack (the first N that upload in that round), or "
+            "their ids: 0,3,7 (one id: 7,) (default: dlg 4, mia every one that uploads)."
+        ),
+    ] = None,
     iterations: Annotated[
         int, typer.Option(help="L-BFGS iterations per attacked batch (PFLlib: 100).")
     ] = 100,
@@ -705,7 +715,8 @@ def privacy(
     targets: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated: full, fe, sfe, sm (default: every one the algorithm uploads)."
+            help="Comma-separated: full, fe, sfe, sm for dlg; upload, personal for mia "
+            "(default: every one the algorithm allows)."
         ),
     ] = None,
     algorithms: Annotated[
@@ -715,27 +726,82 @@ def privacy(
             "(default: the config's algorithm)."
         ),
     ] = None,
+    references: Annotated[
+        int,
+        typer.Option(help="mia: reference models per victim (the calibrated attack; 2N trained)."),
+    ] = 2,
+    ref_epochs: Annotated[
+        int | None,
+        typer.Option(
+            help="mia: epochs of each reference model (default: round x train.local_epochs)."
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", "-o", help="Output folder (default: privacy-<name>)."),
     ] = None,
     quiet: QuietOpt = False,
 ) -> None:
-    """GPFL's privacy evaluation (§4.7, Table 5): a semi-honest server inverts victims'
-    one-batch updates with DLG; PSNR per target (table + reconstructions)."""
+    """Attacks of a semi-honest server (CONFIG: a config, or a run folder whose config.yaml
+    is retrained): GPFL's DLG study (§4.7, Table 5; --attack dlg, PSNR per target) or
+    membership and label inference (--attack mia; AUC and TPR at 1% FPR per target)."""
     from pflkit.analysis import privacy_study
 
     if config is None:
         raise PflkitError("give the experiment config: pflkit analyze privacy CONFIG --out DIR")
+    if config.is_dir():
+        if not (config / "config.yaml").is_file():
+            raise PflkitError(
+                f"'{config}' is a folder without config.yaml: give a config or a run folder"
+            )
+        config = config / "config.yaml"
+    mia = [a.strip() for a in attack.split(",") if a.strip()]
+    if attack != "dlg" and (not mia or not set(mia) <= {"mia", "loss", "calibrated", "label"}):
+        raise PflkitError(
+            f"unknown --attack '{attack}': use --attack dlg (Deep Leakage from Gradients) or "
+            "--attack mia (membership and label inference; or a comma list of loss, "
+            "calibrated, label)"
+        )
     cfg = load_config(config, _lists(set_, seeds), algorithms=algorithms)
     folder = out or Path(f"privacy-{cfg.name}")
     _usable_path(folder, "output folder")
+    if attack != "dlg":
+        from pflkit.analysis.membership import membership_study
+
+        res = membership_study(
+            cfg,
+            folder,
+            attacks=mia,
+            rnd=round_,
+            victims=None if victims is None else _client_ids(victims, "--victims"),
+            references=references,
+            ref_epochs=ref_epochs,
+            seeds=cfg.compare.seeds if seeds else None,
+            targets=[t.strip() for t in targets.split(",") if t.strip()] if targets else None,
+            algorithms=cfg.compare.algorithms if algorithms else None,
+            progress=None if quiet else lambda line: print(line, file=sys.stderr, flush=True),
+        )
+        for row in res["rows"]:
+            out_console.print(
+                f"{row['algorithm']}-{row['target']} {row['attack']}: AUC {row['auc']:.3f}, "
+                f"TPR {row['tpr_at_1fpr']:.3f} at 1% FPR (members={row['members']})",
+                highlight=False,
+            )
+        for row in res["label_rows"]:
+            auc = "n/a" if row["held_auc"] is None else f"{row['held_auc']:.3f}"
+            out_console.print(
+                f"{row['algorithm']} label inference ({row['source']}): held-class AUC {auc}, "
+                f"majority class {row['top1_acc']:.3f} (guess {row['top1_acc_prior']:.3f})",
+                highlight=False,
+            )
+        out_console.print(f"written to {folder} (membership.md, membership.json, membership.png)")
+        return
     res = privacy_study(
         cfg,
         folder,
         attack=attack,
-        rnd=round_,
-        victims=_client_ids(victims, "--victims"),
+        rnd=1 if round_ is None else round_,
+        victims=_client_ids("4" if victims is None else victims, "--victims"),
         iterations=iterations,
         batches=batches,
         batch_size=batch_size,
@@ -859,7 +925,6 @@ def _show_params(name: str) -> None:
     from rich.table import Table
 
     from pflkit.algorithms import ALGORITHMS
-
     from pflkit.privacy.client_dp import describe_release
 
     cls = ALGORITHMS.lookup(name)
@@ -894,6 +959,49 @@ RoundTimeoutOpt = Annotated[
     float,
     typer.Option(help="Seconds to wait for a round's replies before failing a client (0: none)."),
 ]
+
+
+SecAggOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Secure aggregation: the server sees only the sum of the SuperNodes' uploads "
+        "(Flower's SecAgg+; mean-aggregating algorithms only; docs/flower.md)."
+    ),
+]
+SecAggClipOpt = Annotated[
+    float | None,
+    typer.Option(help="With --secagg: every summed upload entry lies in [-clip, clip] (8)."),
+]
+SecAggQuantOpt = Annotated[
+    int | None,
+    typer.Option(help="With --secagg: the integer range [-clip, clip] is mapped onto (2**22)."),
+]
+
+
+def _secagg(cfg, secagg: bool, clip: float | None, quantization: int | None, nodes=None):
+    """The run-config keys of secure aggregation, checked (algorithm, options, and with
+    ``nodes``, the SuperNodes' client-id specs, every round's spread) before any process
+    starts; {} without --secagg."""
+    from pflkit.flower import secagg as sa
+
+    if not secagg:
+        given = "--secagg-clip" if clip is not None else "--secagg-quantization"
+        if clip is not None or quantization is not None:
+            raise PflkitError(f"{given} needs --secagg: add --secagg, or leave {given} out")
+        return {}
+    options = sa.SecAggOptions(
+        sa.DEFAULT_CLIP if clip is None else clip,
+        sa.DEFAULT_QUANTIZATION if quantization is None else quantization,
+    )
+    sa.secure_keys(cfg.algorithm)
+    if nodes is not None:
+        from pflkit.flower.client import hosted_clients
+
+        node_of = {
+            c: i for i, spec in enumerate(nodes) for c in hosted_clients({"client-ids": spec})
+        }
+        sa.check_rounds(cfg, node_of, options)
+    return options.run_config()
 
 
 def _waits(node_wait: float, round_timeout: float) -> dict[str, float]:
@@ -941,6 +1049,9 @@ def flower_local(
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
     node_wait: NodeWaitOpt = 60.0,
     round_timeout: RoundTimeoutOpt = 0.0,
+    secagg: SecAggOpt = False,
+    secagg_clip: SecAggClipOpt = None,
+    secagg_quantization: SecAggQuantOpt = None,
 ) -> None:
     """Try-out on this machine: start a SuperLink and SuperNodes on 127.0.0.1, run CONFIG on
     them through Flower, write the run folder, stop every process."""
@@ -967,6 +1078,7 @@ def flower_local(
     cfg = load_config(config, set_ or [], imports)
     run_dir = new_run_dir(cfg, out).resolve()
     spec = split_clients(cfg.data.num_clients, nodes)
+    secure = _secagg(cfg, secagg, secagg_clip, secagg_quantization, spec)
     with Simulation(cfg):  # every config, data and model error now, before a process starts
         pass
     if workdir is not None:
@@ -986,6 +1098,7 @@ def flower_local(
                 timeout=timeout,
                 progress=_show_row,
                 **waits,
+                **secure,
             )
     finally:  # a temporary work folder goes, whether the run finished or not
         if workdir is None:
@@ -1009,6 +1122,9 @@ def flower_run(
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 86400.0,
     node_wait: NodeWaitOpt = 60.0,
     round_timeout: RoundTimeoutOpt = 0.0,
+    secagg: SecAggOpt = False,
+    secagg_clip: SecAggClipOpt = None,
+    secagg_quantization: SecAggQuantOpt = None,
 ) -> None:
     """Submit CONFIG to a running SuperLink whose SuperNodes host its clients (see
     docs/flower.md); waits for the run to finish."""
@@ -1035,6 +1151,7 @@ def flower_run(
     waits = _waits(node_wait, round_timeout)
     _seconds("--timeout", timeout, zero_ok=False)
     cfg = load_config(config, set_ or [], imports)
+    secure = _secagg(cfg, secagg, secagg_clip, secagg_quantization)
     home = Path(tempfile.mkdtemp(prefix="pflkit-flwr-"))
     try:
         Connection(superlink, home / "flwr-home", root_certificates).run(
@@ -1043,6 +1160,7 @@ def flower_run(
             timeout=timeout,
             echo=True,
             **waits,
+            **secure,
         )
     finally:
         shutil.rmtree(home, ignore_errors=True)

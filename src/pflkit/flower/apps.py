@@ -10,7 +10,10 @@ Run config keys (``[tool.flwr.app.config]``, or ``flwr run --run-config``):
 - ``out``: the run folder to write, on the SuperLink's machine;
 - ``node-wait``: seconds to wait for SuperNodes covering every client (default 60);
 - ``round-timeout``: seconds to wait for a round's replies before counting a client as
-  failed (0: no limit).
+  failed (0: no limit);
+- ``secagg``: 1 sums the uploads with Flower's SecAgg+ (:mod:`pflkit.flower.secagg`), with
+  ``secagg-clip`` (every summed entry in [-clip, clip]) and ``secagg-quantization`` (the
+  integer range it is mapped onto).
 """
 
 from __future__ import annotations
@@ -18,15 +21,14 @@ from __future__ import annotations
 import json
 import logging
 
-import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from pflkit.engine.runner import run_experiment
 from pflkit.errors import PflkitError
-from pflkit.experiment import validate
 from pflkit.flower.client import app as clientapp
-from pflkit.flower.server import FlowerRunner
+
+# the ServerApp's imports (torch, the engine) wait for main(): a ClientApp process, which
+# starts for every message, loads this module too
 
 log = logging.getLogger("pflkit.flower")
 serverapp = ServerApp()
@@ -34,6 +36,13 @@ serverapp = ServerApp()
 
 @serverapp.main()
 def main(grid: Grid, context: Context) -> None:
+    import yaml
+
+    from pflkit.engine.runner import run_experiment
+    from pflkit.experiment import validate
+    from pflkit.flower.secagg import SecAggOptions
+    from pflkit.flower.server import FlowerRunner
+
     rc = context.run_config
     try:
         cfg = validate(yaml.safe_load(str(rc["config"])))
@@ -42,6 +51,7 @@ def main(grid: Grid, context: Context) -> None:
             node_wait=float(rc.get("node-wait", 60)),
             round_timeout=float(rc.get("round-timeout", 0)) or None,
             log=log.warning,
+            secagg=SecAggOptions.from_run_config(rc),
         )
         result = run_experiment(cfg, out=str(rc["out"]), progress=False, runner=runner)
     except PflkitError as e:

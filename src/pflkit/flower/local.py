@@ -71,6 +71,9 @@ config = ""          # the pflkit experiment config as YAML text (pflkit flower 
 out = "runs/flower"  # the run folder, on the SuperLink's machine
 node-wait = 60.0     # seconds to wait for SuperNodes covering every client
 round-timeout = 0.0  # seconds to wait for a round's replies (0: until each reply or error)
+secagg = 0.0         # 1: sum the uploads with Flower's SecAgg+ (docs/flower.md)
+secagg-clip = 8.0    # SecAgg+: every summed upload entry lies in [-clip, clip]
+secagg-quantization = 4194304.0  # SecAgg+: the integers [-clip, clip] maps onto (2**22)
 '''
 
 

@@ -16,6 +16,11 @@ and seed. Client state lives on the nodes: jobs carry none and results return no
   clients keep their state, which lives on their own nodes.
 - **Not resumable.** Client state lives on the SuperNodes, so a Flower run writes no
   checkpoint.
+- **Secure aggregation** (``secagg``, :mod:`pflkit.flower.secagg`): a training phase runs as
+  Flower's SecAgg+ protocol, one message per stage to each node of the round; the server gets
+  only the weighted mean of the uploads and hands it to the algorithm as every client's upload.
+- **Traffic.** Each round's log line gives the bytes of the records the server sent to and
+  received from the nodes (array data and config values; Flower's framing not counted).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 from typing import Any
 
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 
 from pflkit.algorithms.base import Update
 from pflkit.config import resolve_device
@@ -32,6 +37,7 @@ from pflkit.engine.clients import ClientRunner, EvalJob, TrainJob
 from pflkit.errors import PflkitError
 from pflkit.flower import codec
 from pflkit.flower.client import INFO, info_record
+from pflkit.flower.secagg import SecAggOptions, check_rounds, secure_keys, secure_phase
 
 
 class FlowerRunner(ClientRunner):
@@ -46,8 +52,12 @@ class FlowerRunner(ClientRunner):
         node_wait: float = 60.0,
         round_timeout: float | None = None,
         log=print,
+        secagg: SecAggOptions | None = None,
     ):
         self.grid = grid
+        self.secagg = secagg
+        self.wire = [0, 0]  # bytes of records sent to and received from the nodes, this round
+        self.secagg_facts: list[dict[str, Any]] = []  # one per secure phase of the round
         self.node_wait = node_wait
         self.round_timeout = round_timeout
         self.log = log
@@ -61,7 +71,12 @@ class FlowerRunner(ClientRunner):
         self.num_clients = data.num_clients
         self.rounds = cfg.train.rounds
         self.device = torch.device(resolve_device(cfg.device))  # where uploads are decoded to
+        if self.secagg is not None:  # refuse an algorithm that needs each upload before waiting
+            self.secure_keys, self.uniform = secure_keys(cfg.algorithm)
         self.discover(self.node_wait)
+        if self.secagg is not None:
+            check_rounds(cfg, self.node_of, self.secagg)
+            self.train_sizes = [c.size("train") for c in data.clients]
 
     # -- nodes -----------------------------------------------------------------------------
     def discover(self, wait: float) -> None:
@@ -101,6 +116,7 @@ class FlowerRunner(ClientRunner):
     ) -> dict[int, Message | None]:
         """Push ``messages`` and collect their replies: reply (or None: none in time) by the
         message's position. Polls quickly (Flower's send_and_receive sleeps 3 s per poll)."""
+        self.wire[0] += sum(record_bytes(m.content) for m in messages)
         ids = list(self.grid.push_messages(messages)) if messages else []
         pending = {mid: i for i, mid in enumerate(ids) if mid}
         replies: dict[int, Message | None] = dict.fromkeys(range(len(ids)))
@@ -111,6 +127,7 @@ class FlowerRunner(ClientRunner):
                 i = pending.pop(reply.metadata.reply_to_message_id, None)
                 if i is not None:
                     replies[i] = reply
+                    self.wire[1] += 0 if reply.has_error() else record_bytes(reply.content)
             if not pending or (deadline is not None and time.monotonic() > deadline):
                 break
             time.sleep(pause)
@@ -168,6 +185,8 @@ class FlowerRunner(ClientRunner):
     def train(self, jobs: list[TrainJob]) -> dict[int, Update]:
         """Each node trains its clients and keeps their new states: per client, its upload
         and metrics (an :class:`~pflkit.algorithms.Update` without state)."""
+        if self.secagg is not None:
+            return self.secure_train(jobs)
         ctx = jobs[0].ctx  # one phase: the same round and phase for every job
         replies = self._send(
             "train",
@@ -183,6 +202,70 @@ class FlowerRunner(ClientRunner):
             self.state_rounds[cid] = codec.get(content, "state_rounds")
         return out
 
+    def secure_train(self, jobs: list[TrainJob]) -> dict[int, Update | None]:
+        """One training phase through SecAgg+ (:func:`~pflkit.flower.secagg.secure_phase`):
+        each node of the round trains its clients and SecAgg+ sums their weighted means; every
+        trained client's upload is the secure mean (None: it diverged). Clients of a node that
+        fails or drops out of the protocol fail for the round, and the node is not asked again."""
+        ctx = jobs[0].ctx
+        rnd = ctx.round
+        by_node: dict[int, list[TrainJob]] = {}
+        for job in jobs:
+            node = self.node_of[job.cid]
+            if node in self.dead:
+                self._fail(rnd, job.cid, "train", "its SuperNode failed earlier")
+                continue
+            by_node.setdefault(node, []).append(job)
+        if not by_node:
+            return {}
+        weight = {
+            job.cid: 1.0 if self.uniform else float(self.train_sizes[job.cid])
+            for js in by_node.values()
+            for job in js
+        }
+        total = sum(weight.values())
+        contents = {}
+        for node, js in by_node.items():
+            record = info_record(
+                self.config_text,
+                cids=[j.cid for j in js],
+                round=rnd,
+                phase_index=js[0].phase_index,
+                phase=ctx.phase,
+                keys=list(self.secure_keys),
+                uniform=self.uniform,
+                clip=float(self.secagg.clip),
+                max_weight=total,
+            )
+            values = {f"payload.{j.cid}": j.payload for j in js}
+            contents[node] = codec.put_all(RecordDict({INFO: record}), values)
+        if len(by_node) < 2:  # earlier failures left one node: its sum would be its upload
+            for js in by_node.values():
+                for job in js:
+                    reason = "secure aggregation needs 2 SuperNodes in a round; the others failed"
+                    self._fail(rnd, job.cid, "train", reason)
+            return {}
+        outcome = secure_phase(
+            self._exchange,
+            contents,
+            weight,
+            rnd,
+            self.secagg,
+            jobs[0].payload,
+            self.round_timeout,
+            self.device,
+        )
+        self.dead |= outcome.dead
+        for node, reason in outcome.failed.items():
+            for job in by_node[node]:
+                self._fail(rnd, job.cid, "train", reason)
+        self.secagg_facts.append(outcome.facts)
+        out: dict[int, Update | None] = {cid: None for cid in outcome.diverged}
+        for cid, upload in outcome.uploads.items():
+            out[cid] = Update(upload, None, outcome.metrics[cid])
+            self.state_rounds[cid] = outcome.state_rounds[cid]
+        return out
+
     def evaluate(self, jobs: list[EvalJob]) -> dict[int, dict[str, float]]:
         """Each node scores its clients itself (a client whose personalized model is the
         global model is scored with the view's global weights); MAP's protocol (jobs with an
@@ -196,14 +279,41 @@ class FlowerRunner(ClientRunner):
     def row_extras(self, row: dict[str, Any]) -> dict[str, Any]:
         rnd = row["round"]
         shown = [f"{k} {row[k]:.4f}" for k in ("global_acc", "pers_acc_mean") if k in row]
+        sent, received = self.wire
+        shown.append(f"(records: {sent} bytes sent, {received} received)")
         self.log(f"pflkit: round {rnd}/{self.rounds} " + " ".join(shown))
+        self.wire = [0, 0]
         row = {}
+        if self.secagg_facts:  # secure aggregation: the protocol facts of each phase
+            row["secagg"], self.secagg_facts = self.secagg_facts, []
         if self.failures:
             row["failures"], self.failures = self.failures, []
         # Flower only: how many rounds each trained client's state on its node has seen
         row["node_state_rounds"] = {str(c): n for c, n in sorted(self.state_rounds.items())}
         self.state_rounds = {}
         return row
+
+
+def record_bytes(content: RecordDict) -> int:
+    """Bytes of a message's records: array data, config values (numbers 8 bytes, strings and
+    bytes their length), metric values (8 bytes each); Flower's own framing is not counted."""
+
+    def size(v: Any) -> int:
+        if isinstance(v, bytes):
+            return len(v)
+        if isinstance(v, str):
+            return len(v.encode())
+        if isinstance(v, list):
+            return sum(size(x) for x in v)
+        return 8
+
+    n = 0
+    for record in content.values():
+        if isinstance(record, ArrayRecord):
+            n += sum(len(a.data) for a in record.values())
+        else:
+            n += sum(size(v) + len(k) for k, v in record.items())
+    return n
 
 
 def short(ids: list[int]) -> str:
