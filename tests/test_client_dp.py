@@ -42,8 +42,10 @@ def test_central_clips_each_update_and_divides_the_sum_by_the_cohort():
     dp, algo = mechanism(clients=2)
     ref = vec(1.0, 1.0)
     # updates (3, 4): norm 5, scaled to (0.6, 0.8); (0.3, 0.4): norm 0.5, kept
-    uploads = {0: {"weights": vec(4.0, 5.0), "num_samples": 7},
-               1: {"weights": vec(1.3, 1.4), "num_samples": 100}}
+    uploads = {
+        0: {"weights": vec(4.0, 5.0), "num_samples": 7},
+        1: {"weights": vec(1.3, 1.4), "num_samples": 100},
+    }
     out = dp.release(algo, uploads, {0: {"weights": ref}, 1: {"weights": ref}}, 1, 0)
     for cid in (0, 1):
         assert torch.allclose(out[cid]["weights"]["w"], torch.tensor([1.45, 1.6]))
@@ -118,7 +120,9 @@ def test_epsilon_equals_dp_accountings_round_by_round(q, z, rounds):
         event = dp_accounting.PoissonSampledDpEvent(q, event)
     for _ in range(rounds):  # one composition per round: an independent path to the same event
         acc.compose(event)
-    assert accountant.epsilon(z, q, rounds, delta) == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
+    assert accountant.epsilon(z, q, rounds, delta) == pytest.approx(
+        acc.get_epsilon(delta), rel=1e-9
+    )
 
 
 def test_epsilon_agrees_with_opacus_and_the_pld_accountant():
@@ -166,10 +170,17 @@ def test_clipping_and_noise_std_equal_flowers_fixed_clipping_wrapper():
     fdp = pytest.importorskip("flwr.supercore.differential_privacy")
     rng = np.random.default_rng(0)
     ref = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=5).astype(np.float32)]
-    ups = [[r + rng.normal(scale=s, size=r.shape).astype(np.float32) for r in ref] for s in (0.1, 2.0)]
+    ups = [
+        [r + rng.normal(scale=s, size=r.shape).astype(np.float32) for r in ref] for s in (0.1, 2.0)
+    ]
     dp, algo = mechanism(clients=2, mode="local", clip=1.5)
-    as_tree = lambda arrs: {"weights": {"a": torch.from_numpy(arrs[0]), "b": torch.from_numpy(arrs[1])}}  # noqa: E731
-    out = dp.release(algo, {c: as_tree(u) for c, u in enumerate(ups)}, {c: as_tree(ref) for c in range(2)}, 1, 0)
+
+    def as_tree(arrs):
+        return {"weights": {"a": torch.from_numpy(arrs[0]), "b": torch.from_numpy(arrs[1])}}  # noqa: E731
+
+    out = dp.release(
+        algo, {c: as_tree(u) for c, u in enumerate(ups)}, {c: as_tree(ref) for c in range(2)}, 1, 0
+    )
     for c, u in enumerate(ups):
         theirs = [a.copy() for a in u]
         fdp.compute_clip_model_update(theirs, ref, 1.5)  # param1 <- param2 + clipped update
@@ -178,7 +189,9 @@ def test_clipping_and_noise_std_equal_flowers_fixed_clipping_wrapper():
         np.testing.assert_allclose(ours["b"].numpy(), theirs[1], rtol=1e-6, atol=1e-6)
     # the server-side wrapper's noise std on the mean: z C / m
     central, _ = mechanism(clients=8, noise_multiplier=1.3, clip=1.5)
-    assert fdp.compute_stdv(1.3, 1.5, 8) == pytest.approx(central.z_update * central.clip / central.cohort)
+    assert fdp.compute_stdv(1.3, 1.5, 8) == pytest.approx(
+        central.z_update * central.clip / central.cohort
+    )
     # adaptive clipping's update noise, Andrew et al. Thm. 1 (Flower's computation of it)
     adaptive, _ = mechanism(clients=40, noise_multiplier=0.9, adaptive=True)
     _, z_update = fdp.compute_adaptive_noise_params(0.9, 40, None)
@@ -198,7 +211,9 @@ def test_adaptive_clipping_moves_c_geometrically_toward_the_quantile():
 
 def test_resume_continues_the_adaptive_clipping_norm(tmp_path):
     dp = {"clip": 0.5, "noise_multiplier": 0.2, "adaptive": True, "count_noise": 1.0}
-    cfg = validate(tiny_config(train={"rounds": 4}, privacy={"client_dp": dp}, output={"checkpoint_every": 1}))
+    cfg = validate(
+        tiny_config(train={"rounds": 4}, privacy={"client_dp": dp}, output={"checkpoint_every": 1})
+    )
     whole = run_experiment(cfg, out=tmp_path / "whole").rows
     assert len({r["dp_clip"] for r in whole}) > 1  # C moves
     states = tmp_path / "states"  # the checkpoint's client states live here
@@ -258,7 +273,9 @@ def test_bad_privacy_config_exits_2_with_one_sentence(cli, tmp_path, dp, words):
 def test_dp_with_an_unsupported_algorithm_exits_2(cli, tmp_path):
     import yaml
 
-    raw = tiny_config(algorithm={"name": "fedfomo"}, privacy={"client_dp": {"noise_multiplier": 1.0}})
+    raw = tiny_config(
+        algorithm={"name": "fedfomo"}, privacy={"client_dp": {"noise_multiplier": 1.0}}
+    )
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
     r = cli("run", str(path), "--out", str(tmp_path / "out"), cwd=tmp_path)

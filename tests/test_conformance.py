@@ -6,8 +6,8 @@ results from every client runner (in-process, process pool, Flower)."""
 from __future__ import annotations
 
 import importlib
-import math
 import io
+import math
 import pkgutil
 
 import numpy as np
@@ -288,9 +288,9 @@ def test_uploads_follow_the_release_map_and_never_carry_a_private_part(name, ref
         private_seen |= bool(mine)
         sent = [t for t in leaves(upload) if isinstance(t, torch.Tensor)]
         for p in mine:
-            assert not any(
-                s.shape == p.shape and torch.equal(s, p) for s in sent
-            ), f"{name}: client {cid}'s upload in round {rnd} carries a private tensor"
+            assert not any(s.shape == p.shape and torch.equal(s, p) for s in sent), (
+                f"{name}: client {cid}'s upload in round {rnd} carries a private tensor"
+            )
     # the check is not vacuous: every declared private part exists (pFedSim's BN buffers and
     # FedBN's only with BatchNorm layers, which the conformance MLP has none of)
     assert private_seen or not cls.private or name in ("pfedsim", "fedbn", "fedap")

@@ -169,7 +169,9 @@ def sgd_step_(x: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float, wd:
 class PFedHN(Algorithm):
     name = "pfedhn"
     release = {"delta": None}  # already an update: trained - received
-    uses_each_upload = "trains the hypernetwork on each client's update through that client's embedding"
+    uses_each_upload = (
+        "trains the hypernetwork on each client's update through that client's embedding"
+    )
     description = (
         "pFedHN (Shamsian et al. 2021): a server hypernetwork generates each client's model "
         "from a learned client embedding"

@@ -152,7 +152,9 @@ class Simulation:
         self.algo = build_algorithm(cfg.algorithm)
         self.algo.check(self.senv)
         # client-level DP of the uploads (privacy.client_dp): None when off
-        self.dp = client_dp.build(cfg, self.algo, len(training_clients(cfg.data.num_clients, held_out(cfg))))
+        self.dp = client_dp.build(
+            cfg, self.algo, len(training_clients(cfg.data.num_clients, held_out(cfg)))
+        )
         # sample-level DP-SGD (privacy.sample_dp): every client's latest epsilon, for the rows
         self.sample_dp = dpsgd.EpsilonTable() if cfg.privacy.sample_dp is not None else None
         seed_torch(cfg.seed, 0, 0xD0)

@@ -65,7 +65,9 @@ def rebuild(tree: Any, values: Mapping[str, Tensor], prefix: str = "") -> Any:
     if isinstance(tree, Tensor):
         return values.get(prefix, tree)
     if isinstance(tree, Mapping):
-        return {k: rebuild(v, values, f"{prefix}.{k}" if prefix else str(k)) for k, v in tree.items()}
+        return {
+            k: rebuild(v, values, f"{prefix}.{k}" if prefix else str(k)) for k, v in tree.items()
+        }
     return tree
 
 
@@ -229,10 +231,15 @@ class ClientDP:
             noised = {k: (t + noise(t, sigma, gen)) / self.cohort for k, t in total.items()}
             new = {cid: noised for cid in deltas}
             if self.dp.adaptive:
-                b = (unclipped + float(torch.randn((), generator=gen)) * self.count_noise) / self.cohort
+                b = (
+                    unclipped + float(torch.randn((), generator=gen)) * self.count_noise
+                ) / self.cohort
                 self.clip = C * math.exp(-self.dp.clip_lr * (b - self.dp.target_quantile))
         else:
-            new = {cid: {k: t + noise(t, sigma, gen) for k, t in d.items()} for cid, d in deltas.items()}
+            new = {
+                cid: {k: t + noise(t, sigma, gen) for k, t in d.items()}
+                for cid, d in deltas.items()
+            }
         return {cid: self.rebuilt(algo, uploads[cid], refs[cid], new[cid]) for cid in deltas}
 
     @staticmethod
@@ -254,7 +261,9 @@ class ClientDP:
         return d, r
 
     @staticmethod
-    def rebuilt(algo: Algorithm, up: Upload, refs: dict[str, Tensor], new: dict[str, Tensor]) -> Upload:
+    def rebuilt(
+        algo: Algorithm, up: Upload, refs: dict[str, Tensor], new: dict[str, Tensor]
+    ) -> Upload:
         """``up`` with each released leaf ``ref + new`` (integer leaves: ``ref``), weight 1."""
         assert algo.release is not None
         out = dict(up)
@@ -281,4 +290,6 @@ def hash_seed(seed: int, rnd: int, phase: int) -> int:
     """One 63-bit seed per (seed, round, phase) for the mechanism's noise."""
     import numpy as np
 
-    return int(np.random.SeedSequence([seed, rnd, phase, 0xD9]).generate_state(1, np.uint64)[0] >> 1)
+    return int(
+        np.random.SeedSequence([seed, rnd, phase, 0xD9]).generate_state(1, np.uint64)[0] >> 1
+    )

@@ -509,7 +509,9 @@ def build_report(
         if private:  # the client-level budget spent (privacy.client_dp): equal over seeds
             spent = {(r.summary.get("privacy") or {}).get("epsilon") for r in s.runs}
             numbers[s.label]["dp_epsilon"] = sorted(spent, key=str)
-            cells.append(", ".join("∞ (no DP)" if e is None else f"{e:.2f}" for e in sorted(spent, key=str)))
+            cells.append(
+                ", ".join("∞ (no DP)" if e is None else f"{e:.2f}" for e in sorted(spent, key=str))
+            )
         rows.append(cells + [f"{kb / 1024:.1f}", f"{sec:.2f}"])
     columns = ["setting", *shown.values()]
     if sampled:

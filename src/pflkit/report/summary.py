@@ -129,7 +129,9 @@ def summarize(rows: list[dict[str, Any]], last: int = 0) -> dict[str, Any]:
             out["best_test"] = best
     private = [r for r in rows if "dp_epsilon" in r]
     if private:  # client-level DP: the budget the whole run spent (privacy.client_dp)
-        out["privacy"] = {k.removeprefix("dp_"): v for k, v in private[-1].items() if k.startswith("dp_")}
+        out["privacy"] = {
+            k.removeprefix("dp_"): v for k, v in private[-1].items() if k.startswith("dp_")
+        }
     down = [b for r in rows for b in r["bytes_down"]]
     up = [b for r in rows for b in r["bytes_up"]]
     out["comm"] = {
