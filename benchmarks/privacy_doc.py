@@ -72,7 +72,10 @@ def fmt(v: dict[int, float]) -> str:
 
 def utility(results: Path) -> tuple[list[str], dict]:
     acc = {e: {m: per_seed(results / folder(e, m), m) for m in METHODS} for e in EPS}
-    acc_sim = {e: per_seed(results / f"pfedsim-{'local-' if e != 'inf' else ''}eps-{e}", "pfedsim") for e in ("inf", "8")}
+    acc_sim = {
+        e: per_seed(results / f"pfedsim-{'local-' if e != 'inf' else ''}eps-{e}", "pfedsim")
+        for e in ("inf", "8")
+    }
     lines = [
         "## Privacy-utility table",
         "",
@@ -125,7 +128,10 @@ def bietti(acc: dict) -> list[str]:
     for m in PERSONALIZED:
         for e in EPS[1:]:
             seeds = sorted(
-                set(acc["inf"]["fedavg"]) & set(acc[e]["fedavg"]) & set(acc["inf"][m]) & set(acc[e][m])
+                set(acc["inf"]["fedavg"])
+                & set(acc[e]["fedavg"])
+                & set(acc["inf"][m])
+                & set(acc[e][m])
             )
             if not seeds:
                 lines.append(f"| {m} | {e} | – | – | – | not run yet |")
@@ -151,7 +157,11 @@ def plot(acc: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     xs = {"1": 1, "3": 3, "8": 8, "inf": 20}
     for m in METHODS:
-        pts = [(xs[e], np.mean(list(acc[e][m].values())), np.std(list(acc[e][m].values()))) for e in EPS if acc[e][m]]
+        pts = [
+            (xs[e], np.mean(list(acc[e][m].values())), np.std(list(acc[e][m].values())))
+            for e in EPS
+            if acc[e][m]
+        ]
         if pts:
             pts.sort()
             x, y, s = zip(*pts, strict=True)
@@ -173,7 +183,12 @@ def attacks(results: Path) -> list[str]:
     by benchmarks/privacy_attacks.py), included as it is."""
     path = results / "claims.md"
     if not path.is_file():
-        return ["## The seed papers' privacy claims", "", "Not run yet: `python benchmarks/privacy_attacks.py`.", ""]
+        return [
+            "## The seed papers' privacy claims",
+            "",
+            "Not run yet: `python benchmarks/privacy_attacks.py`.",
+            "",
+        ]
     return [path.read_text().rstrip(), ""]
 
 
