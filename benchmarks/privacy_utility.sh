@@ -20,3 +20,5 @@ done
 pflkit compare "$CFG" -q --jobs 2 --algorithms pfedsim --set privacy.client_dp=null --out "$OUT/pfedsim-eps-inf"
 pflkit compare "$CFG" -q --jobs 2 --algorithms pfedsim --set privacy.client_dp.mode=local \
     --set privacy.client_dp.target_epsilon=8 --out "$OUT/pfedsim-local-eps-8"
+# the floor of personalization: every client alone (nothing released)
+pflkit compare "$CFG" -q --jobs 2 --algorithms local --set privacy.client_dp=null --out "$OUT/local"

@@ -1,5 +1,5 @@
-"""Breaks of client-level DP (pflkit.privacy): the noise, the clipping, the accountant and the
-release map."""
+"""Breaks of client-level DP (pflkit.privacy): the noise, the clipping, the accountant (filed
+under fedavg, whose run they break) and the release map (under fedper and ditto)."""
 
 from mutate import Break
 
@@ -18,7 +18,7 @@ F = "privacy/client_dp.py"
 
 BREAKS = [
     Break(
-        "client_dp",
+        "fedavg",
         "noise not added",
         F,
         "noised = {k: (t + noise(t, sigma, gen)) / self.cohort",
@@ -26,7 +26,7 @@ BREAKS = [
         NOISE,
     ),
     Break(
-        "client_dp",
+        "fedavg",
         "local noise not added",
         F,
         "cid: {k: t + noise(t, sigma, gen) for k, t in d.items()}",
@@ -34,7 +34,7 @@ BREAKS = [
         NOISE,
     ),
     Break(
-        "client_dp",
+        "fedavg",
         "no clipping",
         F,
         "deltas[cid] = {k: t * scale for k, t in d.items()}",
@@ -42,7 +42,7 @@ BREAKS = [
         CLIP,
     ),
     Break(
-        "client_dp",
+        "fedavg",
         "clip after the sum",
         F,
         "total = {k: sum(d[k] for d in deltas.values()) for k in first}",
@@ -50,7 +50,7 @@ BREAKS = [
         CLIP,
     ),
     Break(
-        "client_dp",
+        "fedavg",
         "norm per tensor, not over the whole update",
         F,
         "norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in d.values()))",
@@ -58,7 +58,7 @@ BREAKS = [
         CLIP,
     ),
     Break(
-        "client_dp",
+        "fedavg",
         "the mean over the received uploads, not the cohort",
         F,
         "for k, t in total.items()}",
@@ -66,7 +66,7 @@ BREAKS = [
         (f"{T}::test_a_client_that_drops_out_keeps_the_fixed_denominator",),
     ),
     Break(
-        "client_dp",
+        "fedavg",
         "sample weights kept",
         F,
         'out["num_samples"] = 1',
@@ -74,7 +74,7 @@ BREAKS = [
         (f"{T}::test_central_clips_each_update_and_divides_the_sum_by_the_cohort",),
     ),
     Break(
-        "client_dp",
+        "fedavg",
         "accountant steps off by one",
         "privacy/accountant.py",
         "return dp_accounting.SelfComposedDpEvent(one, rounds)",
@@ -82,7 +82,7 @@ BREAKS = [
         ACCOUNT,
     ),
     Break(
-        "client_dp",
+        "fedavg",
         "accountant ignores the sampling rate",
         "privacy/accountant.py",
         "one = gauss if sampling_rate >= 1 else",
@@ -90,7 +90,7 @@ BREAKS = [
         ACCOUNT,
     ),
     Break(
-        "release map",
+        "fedper",
         "FedRep/FedPer upload the private head",
         "algorithms/blocks/split.py",
         'upload = {"body": {k: w[k] for k in self.shared_keys(model)}',
@@ -100,7 +100,7 @@ BREAKS = [
         ),
     ),
     Break(
-        "release map",
+        "ditto",
         "Ditto uploads its personal model",
         "algorithms/ditto.py",
         "return Update(glob.upload, {**state",
