@@ -37,6 +37,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -288,8 +289,6 @@ def noise(like: Tensor, std: float, gen: torch.Generator) -> Tensor:
 
 def hash_seed(seed: int, rnd: int, phase: int) -> int:
     """One 63-bit seed per (seed, round, phase) for the mechanism's noise."""
-    import numpy as np
-
     return int(
         np.random.SeedSequence([seed, rnd, phase, 0xD9]).generate_state(1, np.uint64)[0] >> 1
     )
