@@ -765,6 +765,12 @@ def privacy(
     cfg = load_config(config, _lists(set_, seeds), algorithms=algorithms)
     folder = out or Path(f"privacy-{cfg.name}")
     _usable_path(folder, "output folder")
+    common = {  # the options both studies take
+        "seeds": cfg.compare.seeds if seeds else None,
+        "targets": [t.strip() for t in targets.split(",") if t.strip()] if targets else None,
+        "algorithms": cfg.compare.algorithms if algorithms else None,
+        "progress": None if quiet else lambda line: print(line, file=sys.stderr, flush=True),
+    }
     if attack != "dlg":
         from pflkit.analysis.membership import membership_study
 
@@ -776,10 +782,7 @@ def privacy(
             victims=None if victims is None else _client_ids(victims, "--victims"),
             references=references,
             ref_epochs=ref_epochs,
-            seeds=cfg.compare.seeds if seeds else None,
-            targets=[t.strip() for t in targets.split(",") if t.strip()] if targets else None,
-            algorithms=cfg.compare.algorithms if algorithms else None,
-            progress=None if quiet else lambda line: print(line, file=sys.stderr, flush=True),
+            **common,
         )
         for row in res["rows"]:
             out_console.print(
@@ -805,10 +808,7 @@ def privacy(
         iterations=iterations,
         batches=batches,
         batch_size=batch_size,
-        seeds=cfg.compare.seeds if seeds else None,
-        targets=[t.strip() for t in targets.split(",") if t.strip()] if targets else None,
-        algorithms=cfg.compare.algorithms if algorithms else None,
-        progress=None if quiet else lambda line: print(line, file=sys.stderr, flush=True),
+        **common,
     )
     for row in res["rows"]:
         out_console.print(

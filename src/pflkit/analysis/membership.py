@@ -667,22 +667,19 @@ def membership_study(
     say = progress or (lambda line: None)
     chosen_attacks = _parse_attacks(attacks)
     rnd = cfg.train.rounds if rnd is None else rnd
-    if not 1 <= rnd <= cfg.train.rounds:
-        raise PflkitError(
-            f"--round {rnd} is outside the config's {cfg.train.rounds} rounds: choose --round "
-            f"from 1 to {cfg.train.rounds} (or raise train.rounds with --set)"
-        )
-    for name, value in (("--references", references), ("--fit-epochs", fit_epochs)):
-        if value < 1:
-            raise PflkitError(f"{name} must be at least 1, got {value}")
-    if ref_epochs is not None and ref_epochs < 1:
-        raise PflkitError(f"--ref-epochs must be at least 1, got {ref_epochs}")
-    for t in targets or []:
-        if t not in TARGETS:
-            raise PflkitError(f"unknown --targets entry '{t}': choose from {', '.join(TARGETS)}")
-    if out is not None:
-        from pflkit.analysis.privacy import OUTPUTS as DLG_OUTPUTS
+    from pflkit.analysis.privacy import OUTPUTS as DLG_OUTPUTS
+    from pflkit.analysis.privacy import check_study
 
+    check_study(
+        cfg,
+        rnd,
+        targets,
+        TARGETS,
+        references=references,
+        fit_epochs=fit_epochs,
+        ref_epochs=ref_epochs,
+    )
+    if out is not None:
         out = Path(out)
         check_out(out, OUTPUTS + DLG_OUTPUTS)
     seeds = list(seeds) if seeds else [cfg.seed]

@@ -361,6 +361,23 @@ def _batches(x: Tensor, y: Tensor, seed: int, cid: int, batches: int, size: int)
     ]
 
 
+def check_study(cfg: ExperimentConfig, rnd: int, targets, known, **counts: int | None) -> None:
+    """The checks every ``pflkit analyze privacy`` study makes of its options, one sentence
+    each: the round within the config's, every count (``--name``; None: not given) at least
+    1, every target one of ``known``."""
+    if not 1 <= rnd <= cfg.train.rounds:
+        raise PflkitError(
+            f"--round {rnd} is outside the config's {cfg.train.rounds} rounds: choose --round "
+            f"from 1 to {cfg.train.rounds} (or raise train.rounds with --set)"
+        )
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise PflkitError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    for t in targets or []:
+        if t not in known:
+            raise PflkitError(f"unknown --targets entry '{t}': choose from {', '.join(known)}")
+
+
 def privacy_study(
     cfg: ExperimentConfig,
     out: Path,
@@ -386,19 +403,9 @@ def privacy_study(
             f"unknown --attack '{attack}': use --attack dlg (Deep Leakage from Gradients, the "
             "one attack implemented)"
         )
-    if not 1 <= rnd <= cfg.train.rounds:
-        raise PflkitError(
-            f"--round {rnd} is outside the config's {cfg.train.rounds} rounds: choose --round "
-            f"from 1 to {cfg.train.rounds} (or raise train.rounds with --set)"
-        )
-    for name, value in (("--iterations", iterations), ("--batches", batches)):
-        if value < 1:
-            raise PflkitError(f"{name} must be at least 1, got {value}")
-    if batch_size is not None and batch_size < 1:
-        raise PflkitError(f"--batch-size must be at least 1, got {batch_size}")
-    for t in targets or []:
-        if t not in TARGETS:
-            raise PflkitError(f"unknown --targets entry '{t}': choose from {', '.join(TARGETS)}")
+    check_study(
+        cfg, rnd, targets, TARGETS, iterations=iterations, batches=batches, batch_size=batch_size
+    )
     out = Path(out)
     check_out(out, OUTPUTS)
     seeds = list(seeds) if seeds else [cfg.seed]
