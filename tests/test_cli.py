@@ -221,6 +221,11 @@ def test_config_yaml_records_every_algorithm_default_and_list_params_shows_them(
     r = pflkit("list", "--params", "scamap", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "stage_b_fraction" in r.stdout and "authors' code" in r.stdout and "0.2" in r.stdout
+    # scamap: SCAFFOLD's two deltas summed only under uniform weighting; RS is not DP-SGD
+    assert "--secagg: sums delta_y, delta_c (weighting: uniform)" in r.stdout
+    assert "DP-SGD: refused, its restricted softmax" in r.stdout
+    r = pflkit("list", "--params", "fedfomo", cwd=tmp_path)
+    assert "--secagg: refused, its server sends each client" in r.stdout
     r = pflkit("list", "--params", "scamapp", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: unknown algorithm 'scamapp': did you mean 'scamap'? (`pflkit list` shows all)"

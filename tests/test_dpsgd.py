@@ -20,6 +20,7 @@ pytest.importorskip("opacus")
 pytest.importorskip("dp_accounting")
 
 from conftest import tiny_config  # noqa: E402
+from pflkit.algorithms.base import ALGORITHMS  # noqa: E402
 from pflkit.algorithms.blocks.training import get_weights, proximal_loss  # noqa: E402
 from pflkit.config import SampleDPConfig  # noqa: E402
 from pflkit.engine.clients import InProcess, ProcessPool, round_context, train_client  # noqa: E402
@@ -385,7 +386,14 @@ def covered_config(name: str) -> dict:
     return raw
 
 
-@pytest.mark.parametrize("name", sorted(dpsgd.COVERED))
+COVERED = sorted(n for n in ALGORITHMS if dpsgd.covered(ALGORITHMS.lookup(n)))
+
+
+def test_every_algorithm_is_covered_or_refused_with_a_reason():
+    assert sorted(n for n in ALGORITHMS if n not in COVERED and n not in dpsgd.REFUSED) == []
+
+
+@pytest.mark.parametrize("name", COVERED)
 def test_every_covered_algorithm_trains_under_dp_sgd(name):
     with simulation(covered_config(name)) as sim:
         row = sim.run_round(1)

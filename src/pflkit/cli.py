@@ -925,12 +925,15 @@ def _show_params(name: str) -> None:
     from rich.table import Table
 
     from pflkit.algorithms import ALGORITHMS
+    from pflkit.flower import secagg
+    from pflkit.privacy import dpsgd
     from pflkit.privacy.client_dp import describe_release
 
     cls = ALGORITHMS.lookup(name)
+    privacy = [*describe_release(cls), dpsgd.describe(cls), secagg.describe(cls)]
     if not cls.Params.model_fields:
         out_console.print(f"algorithm '{name}' takes no parameters")
-        out_console.print("\n".join(describe_release(cls)), highlight=False)
+        out_console.print("\n".join(privacy), highlight=False)
         return
     t = Table(title=f"{name}: {cls.description}", title_justify="left")
     for col in ("parameter", "type", "default", "source of the default"):
@@ -940,7 +943,7 @@ def _show_params(name: str) -> None:
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         t.add_row(key, kind.replace("'>", ""), repr(field.default), str(extra.get("source", "")))
     out_console.print(t)
-    out_console.print("\n".join(describe_release(cls)), highlight=False)
+    out_console.print("\n".join(privacy), highlight=False)
 
 
 # -- Flower --------------------------------------------------------------------------------------

@@ -96,6 +96,16 @@ class Algorithm:
     # Central client-level DP and secure aggregation hand the server only the sum, so they are
     # refused with this reason
     uses_each_upload: ClassVar[str] = ""
+    # the weightings under which ``aggregate`` needs only the (weighted) mean of the released
+    # uploads: Flower's --secagg (:mod:`pflkit.flower.secagg`) hands it that mean alone. It
+    # counts on the class that defines ``aggregate`` and its subclasses; () (default): refused,
+    # with ``secagg_refusal``, else ``uses_each_upload``, as the reason
+    secagg: ClassVar[tuple[str, ...]] = ()
+    secagg_refusal: ClassVar[str] = ""
+    # DP-SGD (:mod:`pflkit.privacy.dpsgd`) covers the class: every use of a client's data is
+    # local steps through ClientEnv.train on a batch mean of per-sample losses plus data-free
+    # terms. Counted only on the class that declares it (a subclass may change the loss)
+    sample_dp_covered: ClassVar[bool] = False
     # the client-state keys that never leave the client (its personal parts); the privacy
     # tests check that no upload carries any of their tensors
     private: ClassVar[tuple[str, ...]] = ()

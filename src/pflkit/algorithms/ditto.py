@@ -84,6 +84,7 @@ def smooth_l1_proximal_loss(global_weights: Mapping[str, torch.Tensor], lam: flo
 @register
 class Ditto(FedAvg):
     name = "ditto"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     private = ("personal",)
     description = "Ditto (Li et al. 2021): FedAvg + a private model pulled toward the global one"
 

@@ -140,6 +140,7 @@ def pair_stats(a: Mapping[str, Tensor], b: Mapping[str, Tensor], keys: Sequence[
 @register
 class FedAMP(Algorithm):
     name = "fedamp"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     release = {"weights": "weights"}
     uses_each_upload = "gives each client its own attention-weighted mix of the clients' models"
     description = (

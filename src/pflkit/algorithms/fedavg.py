@@ -33,7 +33,9 @@ from pflkit.algorithms.env import ClientEnv
 @register
 class FedAvg(Algorithm):
     name = "fedavg"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     release = {"weights": "weights"}  # the trained model, an update of the download
+    secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     description = "FedAvg (McMahan et al. 2017): local SGD, sample-weighted model averaging"
 
     class Params(Algorithm.Params):

@@ -149,6 +149,8 @@ def positive_loss(layer: nn.Linear, positive_margin: float) -> LossFn:
 @register
 class FedAwS(FedAvg):
     name = "fedaws"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     description = "FedAwS (Yu et al. 2020): FedAvg + server-side spreadout of class embeddings"
 
     class Params(FedAvg.Params):

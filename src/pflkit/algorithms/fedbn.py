@@ -40,6 +40,7 @@ from pflkit.algorithms.fedavg import FedAvg
 @register
 class FedBN(FedAvg):
     name = "fedbn"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     private = ("bn",)  # the BatchNorm layers: the upload carries the rest
     description = "FedBN (Li et al. 2021): FedAvg on everything but BatchNorm layers, kept local"
 

@@ -149,6 +149,7 @@ def ensemble_distill(
 @register
 class FedDF(Algorithm):
     name = "feddf"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     release = {"weights": "weights"}
     uses_each_upload = "distils the ensemble of the clients' models on the public set"
     description = (

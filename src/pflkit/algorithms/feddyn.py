@@ -97,7 +97,9 @@ def feddyn_server_update(
 @register
 class FedDyn(Algorithm):
     name = "feddyn"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     release = {"weights": "weights"}
+    secagg = ("uniform",)  # its aggregate needs the plain sum, the mean only when uniform
     private = ("grad",)
     description = "FedDyn (Acar et al. 2021): dynamic linear + quadratic regularizer, server h"
 

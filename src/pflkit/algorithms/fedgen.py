@@ -123,6 +123,7 @@ def head_logits(model: nn.Module, weights: Mapping[str, Tensor], feat: Tensor) -
 @register
 class FedGen(Algorithm):
     name = "fedgen"
+    secagg_refusal = "its server trains its generator on each client's label counts"
     release = None
     release_refusal = "its upload carries the client's label counts, with no clipping defined"
     description = "FedGen (Zhu et al. 2021): FedAvg + a server generator of latent features"

@@ -33,6 +33,8 @@ from pflkit.algorithms.blocks.distill import SoftTeacherKD
 @register
 class FedMD(SoftTeacherKD):
     name = "fedmd"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg_refusal = "its server averages soft predictions per client and sends them back"
     release = None
     release_refusal = "its uploads are soft predictions on the public set, for which pflkit defines no clipping yet"
     description = (

@@ -75,6 +75,7 @@ def fedmmd_loss(global_model: nn.Module, lam: float, kernels: int = 5, mul: floa
 @register
 class FedMMD(FedAvg):
     name = "fedmmd"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     description = "FedMMD (Yao et al. 2018): FedAvg + MMD between local and global features"
 
     class Params(FedAvg.Params):

@@ -150,6 +150,8 @@ def nova_server_step(
 @register
 class FedNova(FedAvg):
     name = "fednova"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg_refusal = "its server normalizes each client's update by that client's own step count"
     release = None
     release_refusal = "its upload carries the normaliser a_i and the step count tau_i, functions of the client's data size with no clipping defined"
     description = (

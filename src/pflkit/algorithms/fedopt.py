@@ -119,6 +119,8 @@ def fedopt_server_step(
 @register
 class FedOpt(FedAvg):
     name = "fedopt"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     description = (
         "FedOpt (Reddi et al. 2021): FedAvg clients, a server optimiser (SGD with momentum = "
         "FedAvgM, Adagrad, Adam, Yogi) on the averaged update"

@@ -43,6 +43,7 @@ from pflkit.algorithms.fedavg import FedAvg
 @register
 class FedPHP(FedAvg):
     name = "fedphp"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     description = "FedPHP (Li et al. 2021): fine-tune with KD/MMD from an inherited private model"
 
     class Params(FedAvg.Params, HPMParams):

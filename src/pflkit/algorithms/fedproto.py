@@ -299,6 +299,7 @@ def require_same_feature_dim(env: ServerEnv, name: str) -> int:
 @register
 class FedProto(Algorithm):
     name = "fedproto"
+    secagg_refusal = "its server weights each client's prototypes by that client's class counts"
     release = None
     release_refusal = "its upload names the classes the client holds (and, with count weighting, their sample counts), statistics with no clipping defined"
     description = (

@@ -45,6 +45,7 @@ from pflkit.models import PFLModel
 @register
 class FedRep(SplitBody):
     name = "fedrep"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     description = "FedRep (Collins et al. 2021): head epochs (body frozen), then body epochs"
 
     class Params(SplitBody.Params):

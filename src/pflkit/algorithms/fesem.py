@@ -128,6 +128,7 @@ def fesem_step(
 @register
 class FeSEM(FedAvg):
     name = "fesem"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     uses_each_upload = "clusters the clients by the distance of each upload to the cluster centres"
     description = (
         "FeSEM (Xie, Long et al. 2020): K centre models; clients join the nearest centre "

@@ -199,6 +199,7 @@ class GPFLNet(nn.Module):
 class GPFL(Algorithm):
     name = "gpfl"
     release = {"shared": "shared"}  # feature extractor, CoV and GCE
+    secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     private = ("head",)
     description = "GPFL (Zhang et al. 2023): CoV + global category embeddings, private head"
 

@@ -245,6 +245,8 @@ def with_c(server: State, c: Tensor) -> State:
 @register
 class KTpFL(SoftTeacherKD):
     name = "ktpfl"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg_refusal = "its server mixes the clients' individual models and soft predictions"
     release = None
     release_refusal = "its uploads are soft predictions on the public set, for which pflkit defines no clipping yet"
     description = (
@@ -304,6 +306,8 @@ def mix_weights(c_col: Tensor, models: list[Weights], own: Weights) -> Weights:
 @register
 class KTpFLHomo(Algorithm):
     name = "ktpfl_homo"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg_refusal = "its server mixes the clients' individual models"
     release = None
     release_refusal = "its uploads are soft predictions on the public set, for which pflkit defines no clipping yet"
     description = (

@@ -117,6 +117,7 @@ def pull(x: Mapping[str, torch.Tensor], x_bar: Mapping[str, torch.Tensor], c: fl
 @register
 class L2GD(FedAvg):
     name = "l2gd"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     release = None
     release_refusal = "it uploads only in the rounds its coin flip communicates, and pflkit's client-level DP releases once every round"
     description = (

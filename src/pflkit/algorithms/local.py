@@ -23,6 +23,8 @@ from pflkit.algorithms.env import ClientEnv, ServerEnv
 @register
 class Local(Algorithm):
     name = "local"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg_refusal = "it has no server aggregate to secure"
     release = {}  # nothing leaves the client
     description = "Local training only: every client trains its own model, no communication"
 

@@ -105,6 +105,7 @@ class MAP(RestrictedSoftmax, FedAvg):
 class ScaMAP(MAP):
     name = "scamap"
     release = {"delta_y": None, "delta_c": None}  # SCAFFOLD's stage A upload
+    secagg = ("uniform",)  # its aggregate needs the plain sum, the mean only when uniform
     description = "ScaMAP (Li et al. 2024): MAP whose stage A is SCAFFOLD on the RS loss"
 
     class Params(MAPParams, ScaffoldServerParams):

@@ -112,6 +112,8 @@ def moon_loss(
 @register
 class MOON(FedAvg):
     name = "moon"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     description = "MOON (Li et al. 2021): FedAvg + model-contrastive loss (global vs previous)"
 
     class Params(FedAvg.Params):

@@ -168,6 +168,7 @@ def sgd_step_(x: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float, wd:
 @register
 class PFedHN(Algorithm):
     name = "pfedhn"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     release = {"delta": None}  # already an update: trained - received
     uses_each_upload = (
         "trains the hypernetwork on each client's update through that client's embedding"

@@ -123,6 +123,7 @@ def pfedme_loss(
 @register
 class PFedMe(FedAvg):
     name = "pfedme"
+    secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     private = ("personal",)
     description = "pFedMe (T. Dinh et al. 2020): Moreau-envelope personalized models"
 

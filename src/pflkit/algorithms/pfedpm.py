@@ -238,6 +238,7 @@ class RelationClassifier(nn.Module):
 @register
 class PFedPM(FedProto):
     name = "pfedpm"
+    secagg_refusal = "its server weights each client's prototypes by that client's class counts"
     description = (
         "pFedPM (Xing et al. 2024): FedProto with mixed local/global anchors (a) and a private "
         "relation-module head; R-pFedPM = inference: relation"

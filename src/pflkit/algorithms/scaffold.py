@@ -274,7 +274,9 @@ def scaffold_aggregate(env: ServerEnv, server: State, uploads, p, weighting: Wei
 @register
 class Scaffold(Algorithm):
     name = "scaffold"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     release = {"delta_y": None, "delta_c": None}  # both are updates, clipped together
+    secagg = ("uniform",)  # its aggregate needs the plain sum, the mean only when uniform
     description = "SCAFFOLD (Karimireddy et al. 2020): control variates correct client drift"
 
     class Params(ScaffoldServerParams):

@@ -55,6 +55,8 @@ def topk_weights(soft: torch.Tensor, k: int) -> torch.Tensor:
 @register
 class SimPFD(SoftTeacherKD):
     name = "simpfd"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg_refusal = "its server distils from each client's soft predictions"
     release = None
     release_refusal = "its uploads are soft predictions on the public set, for which pflkit defines no clipping yet"
     description = (
@@ -72,6 +74,8 @@ class SimPFD(SoftTeacherKD):
 @register
 class TopKPFD(SoftTeacherKD):
     name = "topkpfd"
+    sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    secagg_refusal = "its server picks teachers among the clients' individual soft predictions"
     description = (
         "TopK-pFD (KT-pFL baseline): each client's teacher averages its k most cosine-similar "
         "clients' soft predictions (k = 5); heterogeneous models"

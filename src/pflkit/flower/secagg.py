@@ -18,9 +18,9 @@ How a round's training phase runs (:class:`SecureRound`):
   uploads: any weighted mean of them is the mean itself).
 
 So only an algorithm whose ``aggregate`` needs nothing but the (sample-weighted or uniform)
-mean of tensor uploads can run: :data:`SECURE_MEAN` lists them with the upload keys that are
-summed; ``tests/test_flower_secagg.py`` checks every entry against the algorithm's own
-aggregate. Others are refused before anything starts (:func:`check_algorithm`).
+mean of tensor uploads can run: :func:`declared` reads the upload keys that are summed and the
+weightings from the class attributes ``release`` and ``secagg``; ``tests/test_flower_secagg.py``
+checks every eligible algorithm against its own aggregate. Others are refused before anything starts (:func:`check_algorithm`).
 
 Quantization error (SecAgg+ sums integers). With clipping range ``c``, quantization range ``T``,
 ``n`` nodes in the round and ``D`` the securely summed weight share (1 when every node of the
@@ -50,59 +50,8 @@ MOD_RANGE = 2**32  # Flower's default (and largest) modulus range: masks are dra
 SHARES = 1.0  # every node of the round holds a share of every other's secrets
 THRESHOLD = 0.5  # shares needed to unmask: half of them, and at least 2 (Flower's rule)
 
-BOTH = ("samples", "uniform")
-# algorithm -> (the upload keys whose mean is all its aggregate needs, the weightings under
-# which that holds). FedDyn's h and SCAFFOLD's control update use the plain sum of the
-# uploads, which the mean gives only under uniform weighting.
-SECURE_MEAN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "fedavg": (("weights",), BOTH),
-    "fedprox": (("weights",), BOTH),
-    "fedavg_ft": (("weights",), BOTH),
-    "ditto": (("weights",), BOTH),
-    "dittors": (("weights",), BOTH),
-    "fedbn": (("weights",), BOTH),
-    "fedrs": (("weights",), BOTH),
-    "fedrod": (("weights",), BOTH),
-    "fedphp": (("weights",), BOTH),
-    "flda": (("weights",), BOTH),
-    "fedmmd": (("weights",), BOTH),
-    "perfedavg": (("weights",), BOTH),
-    "moon": (("weights",), BOTH),
-    "map": (("weights",), BOTH),
-    "pfedme": (("weights",), BOTH),
-    "fedopt": (("weights",), BOTH),
-    "fedaws": (("weights",), BOTH),
-    "fedper": (("body",), BOTH),
-    "fedrep": (("body",), BOTH),
-    "gpfl": (("shared",), BOTH),
-    "feddyn": (("weights",), ("uniform",)),
-    "scaffold": (("delta_y", "delta_c"), ("uniform",)),
-    "scars": (("delta_y", "delta_c"), ("uniform",)),
-    "scamap": (("delta_y", "delta_c"), ("uniform",)),
-}
-
-# why an algorithm cannot run on the sum of the uploads (default: NEEDS_EACH)
+# why an algorithm cannot run on the sum of the uploads, when its class gives no reason
 NEEDS_EACH = "its server step needs each client's upload, not only their sum"
-WHY_NOT: dict[str, str] = {
-    "fedfomo": "its server sends each client the other clients' individual models",
-    "pfedsim": "its server compares the clients' individual heads (similarity)",
-    "fedamp": "its server computes distances between the clients' individual models",
-    "fedap": "its server keeps each client's individual model",
-    "ktpfl": "its server mixes the clients' individual models and soft predictions",
-    "ktpfl_homo": "its server mixes the clients' individual models",
-    "fednova": "its server normalizes each client's update by that client's own step count",
-    "fesem": "its server clusters the clients' individual models",
-    "fedproto": "its server weights each client's prototypes by that client's class counts",
-    "pfedpm": "its server weights each client's prototypes by that client's class counts",
-    "fedgen": "its server trains its generator on each client's label counts",
-    "feddf": "its server distils from each client's individual model",
-    "pfeddf": "its server distils from each client's individual model",
-    "pfedhn": "its server steps each client's own embedding with that client's update",
-    "fedmd": "its server averages soft predictions per client and sends them back",
-    "simpfd": "its server distils from each client's soft predictions",
-    "topkpfd": "its server picks teachers among the clients' individual soft predictions",
-    "local": "it has no server aggregate to secure",
-}
 
 CONFIGS = "pflkit.secagg"  # the node's result record (layout, metrics) inside FitRes.metrics
 
@@ -158,17 +107,30 @@ def error_bound(nodes: int, clip: float, quantization: int, share: float = 1.0) 
 
 def declared(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """(Summed upload keys, weightings) under which ``cls``'s aggregate needs only the mean of
-    its uploads: the class attributes ``secagg`` (the weightings) and ``release`` (the keys)
-    where the algorithm declares them (a plugin, or base.py once it has them), counted only on
-    the class that defines ``aggregate`` or below it (a subclass with its own aggregate
-    declares anew); else :data:`SECURE_MEAN`; None: it needs each upload."""
+    its uploads: the class attributes ``release`` (the keys) and ``secagg`` (the weightings),
+    the latter counted only on the class that defines ``aggregate`` or below it (a subclass
+    with its own aggregate declares anew); None: it needs each upload."""
     owner = next(k for k in cls.__mro__ if "aggregate" in vars(k))
     where = next((k for k in cls.__mro__ if "secagg" in vars(k)), None)
-    if where is not None and issubclass(where, owner):
-        weightings = tuple(vars(where)["secagg"])
-        release = getattr(cls, "release", None)
-        return (tuple(release), weightings) if weightings and release else None
-    return SECURE_MEAN.get(cls.name)
+    if where is None or not issubclass(where, owner):
+        return None
+    weightings = tuple(vars(where)["secagg"])
+    release = getattr(cls, "release", None)
+    return (tuple(release), weightings) if weightings and release else None
+
+
+def describe(cls: type) -> str:
+    """What ``pflkit list --params`` says of --secagg for ``cls`` (one line)."""
+    entry = declared(cls)
+    if entry is None:
+        return f"--secagg: refused, {refusal(cls)}"
+    return f"--secagg: sums {', '.join(entry[0])} (weighting: {' or '.join(entry[1])})"
+
+
+def refusal(cls: type) -> str:
+    """Why ``cls`` cannot run on the sum of its uploads (a clause)."""
+    each = cls.uses_each_upload and f"its server {cls.uses_each_upload}"
+    return cls.secagg_refusal or each or NEEDS_EACH
 
 
 def eligible() -> list[str]:
@@ -188,7 +150,7 @@ def secure_keys(algo_cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
     weighting = getattr(params, "weighting", "samples")
     entry = declared(cls)
     if entry is None:
-        why = getattr(cls, "secagg_refusal", None) or WHY_NOT.get(name, NEEDS_EACH)
+        why = refusal(cls)
         able = ", ".join(eligible())
         raise PflkitError(
             f"--secagg cannot run '{name}': {why}, while secure aggregation shows the server "

@@ -74,19 +74,6 @@ HISTORY = "_dpsgd"  # client-state entry: [[noise_multiplier, sampling_rate, ste
 
 # -- which algorithms DP-SGD covers ------------------------------------------------------------
 
-# Algorithms whose every use of a client's training data is local steps through
-# ClientEnv.train on a loss that is a batch mean of per-sample losses plus terms without data
-# (proximal terms, regularisers, gradient hooks); what they upload and keep is computed from
-# those models only (or from public data).
-COVERED = frozenset(
-    {
-        "local", "fedavg", "fedprox", "ditto", "fedamp", "fedbn", "pfedsim", "fedaws", "feddf",
-        "feddyn", "fedmd", "fedmmd", "fednova", "fedopt", "fedper", "fedphp", "fedrep",
-        "fesem", "ktpfl", "ktpfl_homo", "l2gd", "scaffold", "moon", "pfedhn", "simpfd",
-        "topkpfd",
-    }
-)  # fmt: skip
-
 _RS = (
     "its restricted softmax scales every sample's logits by the client's class counts, a "
     "statistic of all its samples that per-sample clipping does not bound"
@@ -168,8 +155,24 @@ REFUSED: dict[str, str | Callable[[Any], str | None]] = {
     ),
 }
 
-# an algorithm class outside pflkit may declare itself covered (docs/dp-sgd.md)
+# the class attribute by which an algorithm declares itself covered (docs/dp-sgd.md); an
+# algorithm in REFUSED is refused whatever it declares
 OPT_IN = "sample_dp_covered"
+
+
+def covered(cls: type) -> bool:
+    """Whether ``cls`` itself (not a base class) declares DP-SGD coverage."""
+    return bool(vars(cls).get(OPT_IN, False))
+
+
+def describe(cls: type[Algorithm]) -> str:
+    """What ``pflkit list --params`` says of DP-SGD for ``cls`` (one line)."""
+    why = REFUSED.get(cls.name)
+    if isinstance(why, str):
+        return f"DP-SGD: refused, {why}"
+    if not covered(cls):
+        return f"DP-SGD: refused, not declared ({OPT_IN})"
+    return "DP-SGD: covered" + (" (some parameter values are refused)" if why else "")
 
 
 def algorithm_refusal(algo: Algorithm) -> str | None:
@@ -179,7 +182,7 @@ def algorithm_refusal(algo: Algorithm) -> str | None:
         return why(algo.params)
     if why is not None:
         return why
-    if algo.name in COVERED or getattr(type(algo), OPT_IN, False):
+    if covered(type(algo)):
         return None
     return (
         "its local objective has not been checked for DP-SGD (a batch mean of per-sample "

@@ -64,6 +64,7 @@ class SplitBody(Algorithm):
     Subclasses define :meth:`local_train`."""
 
     release = {"body": "body"}
+    secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     private = ("head",)
 
     class Params(Algorithm.Params):
