@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from pflkit.report.archive import files
+
 sys.path.insert(0, str(Path(__file__).parent))
 from paper_table import COLUMNS, method, ranking_verdict  # noqa: E402
 
@@ -231,7 +233,7 @@ def per_seed(results: Path, arm: Arm, name: str, key: str, root: Path = ROOT) ->
         if name not in own_methods(config):
             folder = arm.reuse
     want, runs = arm.labels.get(name, name), {}
-    for summary in sorted((results / folder).glob("*-s*/summary.json")):
+    for summary in files(results / folder, "summary.json"):
         label, seed = summary.parent.name.rsplit("-s", 1)
         if method(label) == want and (v := _value(summary.parent, arm.stat, key)) is not None:
             runs[int(seed)] = 100 * v
@@ -283,7 +285,7 @@ def judge_traffic(results: Path, c: TrafficClaim) -> Judged:
     def up(name: str) -> float | None:
         vals = [
             json.loads(p.read_text())["comm"]["bytes_up_per_client_round"]
-            for p in sorted((results / c.folder).glob("*-s*/summary.json"))
+            for p in files(results / c.folder, "summary.json")
             if method(p.parent.name.rsplit("-s", 1)[0]) == name
         ]
         return float(np.mean(vals)) if vals else None

@@ -3,7 +3,7 @@
 #
 #   benchmarks/compare_kept.sh KEEP OUT CONFIG [pflkit compare options...]
 #
-# starts OUT from the runs kept in KEEP (when OUT does not exist yet), runs
+# starts OUT from the runs kept in KEEP (KEEP.zip, or a folder; when OUT does not exist yet), runs
 # `pflkit compare CONFIG --out OUT [options]` (finished runs are skipped, so kept runs are not
 # run again), and keeps every finished run's record in KEEP (benchmarks/keep_runs.sh) every
 # two minutes and at the end, also when stopped (SIGINT/SIGTERM: the compare stops at the end
@@ -18,7 +18,11 @@ keep=$1 out=$2 config=$3
 shift 3
 here=$(dirname "$0")
 PFLKIT=${PFLKIT:-.venv/bin/pflkit}
-if [[ -d $keep && ! -e $out ]]; then
+keep=${keep%/}
+if [[ -f $keep.zip && ! -e $out ]]; then  # what keep_runs.sh keeps: KEEP.zip
+    mkdir -p "$(dirname "$out")"
+    "${PYTHON:-.venv/bin/python}" -m pflkit.report.archive unpack "$keep.zip" "$out"
+elif [[ -d $keep && ! -e $out ]]; then
     mkdir -p "$(dirname "$out")"
     cp -r "$keep" "$out"
 fi

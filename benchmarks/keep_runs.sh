@@ -14,13 +14,28 @@
 # compare.yaml (the config every run shares) is kept too, so a later session continues the
 # compare from what is kept (benchmarks/compare_kept.sh does both: it keeps, and it continues
 # from DEST).
+#
+# What is kept lives in one archive, DEST.zip (pflkit.report.archive: deterministic, read in
+# place by pflkit report and the table scripts, which accept DEST for DEST.zip). A folder DEST
+# kept before the archives is packed into DEST.zip and removed.
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
     echo "usage: benchmarks/keep_runs.sh DEST FOLDER... (run, compare or sweep folders)" >&2
     exit 2
 fi
-dest=$1
+dest=${1%/}
 shift
+PYTHON=${PYTHON:-.venv/bin/python}
+archive=$dest.zip
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [[ -f $archive ]]; then
+    "$PYTHON" -m pflkit.report.archive unpack "$archive" "$work/kept"
+elif [[ -d $dest ]]; then
+    cp -r "$dest" "$work/kept"
+fi
+shown=$dest
+dest=$work/kept
 kept=0
 for folder in "$@"; do
     if [[ ! -d $folder ]]; then
@@ -32,7 +47,7 @@ for folder in "$@"; do
         if [[ ! -f $dest/compare.yaml ]]; then
             cp "$folder/compare.yaml" "$dest/compare.yaml"
         elif ! cmp -s "$folder/compare.yaml" "$dest/compare.yaml"; then
-            echo "keep_runs: '$dest' holds runs of another config than '$folder':" \
+            echo "keep_runs: '$shown' holds runs of another config than '$folder':" \
                 "keep them under another DEST" >&2
             exit 2
         fi
@@ -40,8 +55,9 @@ for folder in "$@"; do
     while IFS= read -r summary; do
         run=$(dirname "$summary")
         target=$dest/$(basename "$run")
+        shown_target=$shown/$(basename "$run")
         if [[ -f $target/summary.json ]] && ! cmp -s "$summary" "$target/summary.json"; then
-            echo "keep_runs: '$target' already holds a different run than '$run':" \
+            echo "keep_runs: '$shown_target' already holds a different run than '$run':" \
                 "keep it under another DEST or remove it first" >&2
             exit 2
         fi
@@ -52,4 +68,8 @@ for folder in "$@"; do
         done
     done < <(find "$folder" -maxdepth 2 -name summary.json -type f | sort)
 done
-echo "kept $kept new run(s) in $dest"
+if [[ -d $dest ]]; then
+    "$PYTHON" -m pflkit.report.archive pack "$dest" "$archive"
+    if [[ -d $shown ]]; then rm -rf "$shown"; fi
+fi
+echo "kept $kept new run(s) in $archive"

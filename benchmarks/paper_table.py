@@ -48,6 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pflkit.report.archive import files
+
 
 @dataclass(frozen=True)
 class Column:
@@ -245,14 +247,14 @@ def run_files(folders: list[str], name: str) -> dict[str, dict[int, Path]]:
     A label found in several folders takes its runs from the last of them only: a
     paper-protocol folder given after the fair arm's replaces a method's runs whole, so a
     partial arm shows fewer seeds, never a mix of the two arms' seeds."""
-    files: dict[str, dict[int, Path]] = {}
+    by_label: dict[str, dict[int, Path]] = {}
     for folder in folders:
         found: dict[str, dict[int, Path]] = {}
-        for path in sorted(Path(folder).glob(f"*-s*/{name}")):
+        for path in files(folder, name):
             label, seed = path.parent.name.rsplit("-s", 1)
             found.setdefault(label, {})[int(seed)] = path
-        files.update(found)
-    return files
+        by_label.update(found)
+    return by_label
 
 
 def read_runs(folders: list[str]) -> dict[str, dict[int, dict]]:

@@ -20,6 +20,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from pflkit.report.archive import files, tree
+
 # pFedPM Table I, MNIST rows, "Params (x1000)" (specs/pfedpm.md §6.1); FedProto from its own
 # Table 1 (§6.3). None: the paper has no row.
 PAPER = {
@@ -40,7 +42,7 @@ def collect(folders: list[Path]) -> dict[str, dict]:
     """label -> {algorithm, mh, down, up: lists over seeds}."""
     rows: dict[str, dict] = defaultdict(lambda: {"down": [], "up": []})
     for folder in folders:
-        for metrics in sorted(folder.glob("*/metrics.jsonl")):
+        for metrics in files(folder, "metrics.jsonl", "*"):
             lines = metrics.read_text().splitlines()
             if not lines:
                 continue
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folders", nargs="+", type=Path, help="compare output folders")
     ap.add_argument("--clients", type=int, default=20, help="clients per round (paper: 20)")
     args = ap.parse_args(argv)
-    missing = [str(f) for f in args.folders if not f.is_dir()]
+    missing = [str(f) for f in args.folders if not tree(f).is_dir()]
     if missing:
         print(f"no such folder: {missing[0]}; pass compare output folders", file=sys.stderr)
         return 2

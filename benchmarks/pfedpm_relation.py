@@ -25,6 +25,7 @@ import numpy as np
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
 from pflkit.experiment import load_config
+from pflkit.report.archive import files
 
 METRICS = ("pers_acc_mean", "pers_acc_weighted", "pers_acc_std", "pers_acc_worst10")
 
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
     print("|---|---:|---:|---:|")
     by_setting: dict[str, list[tuple[float, float]]] = {}
     for folder in map(Path, argv):
-        for summary in sorted(folder.glob("*/summary.json")):
+        for summary in files(folder, "summary.json", "*"):
             run, s = summary.parent, json.loads(summary.read_text())
             if s["algorithm"] != "pfedpm":
                 continue

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pflkit.report.archive import files
+
 sys.path.insert(0, str(Path(__file__).parent))
 from paper_table import ranking_verdict  # noqa: E402
 
@@ -37,7 +39,7 @@ STAT = ("mean_last", "pers_acc_mean")
 
 def per_seed(folder: Path, method: str) -> dict[int, float]:
     out = {}
-    for p in sorted(folder.glob(f"{method}*-s*/summary.json")):
+    for p in files(folder, "summary.json", f"{method}*-s*"):
         name, seed = p.parent.name.rsplit("-s", 1)
         if name.split("(")[0] != method:
             continue
@@ -57,7 +59,7 @@ def epsilon_of(folder: Path) -> str:
     vals = sorted(
         {
             round(json.loads(p.read_text()).get("privacy", {}).get("epsilon", float("inf")), 2)
-            for p in folder.glob("*-s*/summary.json")
+            for p in files(folder, "summary.json")
         }
     )
     return ", ".join("∞" if v == float("inf") else f"{v:g}" for v in vals) or "–"

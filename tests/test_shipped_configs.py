@@ -12,6 +12,7 @@ import yaml
 from pflkit.algorithms import resolve_params
 from pflkit.engine.compare import compare_plan, sweep_plan
 from pflkit.experiment import load_config
+from pflkit.report.archive import files, tree
 
 CONFIGS = sorted(Path(__file__).parent.parent.glob("configs/**/*.yaml"))
 
@@ -44,7 +45,8 @@ def test_every_method_of_a_shipped_compare_averages_by_one_rule(path):
 RESULTS = Path(__file__).parent.parent / "results"
 
 
-KEPT_COMPARES = sorted(p.parent for p in RESULTS.glob("*/compare.yaml"))
+# the kept compares: run archives (results/<table>.zip) or folders holding a compare.yaml
+KEPT_COMPARES = sorted(p for p in RESULTS.iterdir() if (tree(p) / "compare.yaml").is_file())
 CONFIG_NAMES = [(p, yaml.safe_load(p.read_text()).get("name")) for p in CONFIGS]
 
 
@@ -61,14 +63,16 @@ def test_every_kept_run_is_its_configs_entry(folder):
     paper arm's first runs, made when ``--algorithms gpfl`` dropped the entry's parameters)
     fails here. Keys the run's config.yaml lacks (options added after the run) are not
     compared."""
+    name = folder.name.removesuffix(".zip")
+    folder = tree(folder)
     cfg = load_config(_config_named(yaml.safe_load((folder / "compare.yaml").read_text())["name"]))
     plan = sweep_plan(cfg) if cfg.sweep.grid else compare_plan(cfg)
     settings = {label: resolve_params(entry, cfg.train.weighting) for label, entry, _ in plan}
-    runs = sorted(folder.glob("*-s*/config.yaml"))
-    assert runs or folder.name.endswith("_paper_protocol")  # a paper arm may have just begun
+    runs = files(folder, "config.yaml")
+    assert runs or name.endswith("_paper_protocol")  # a paper arm may have just begun
     for run in runs:
         label = run.parent.name.rsplit("-s", 1)[0]
-        assert label in settings, f"{run.parent.name} is no setting of {folder.name}'s config"
+        assert label in settings, f"{run.parent.name} is no setting of {name}'s config"
         ran = yaml.safe_load(run.read_text())["algorithm"]
         differ = {k: (v, ran[k]) for k, v in settings[label].items() if k in ran and ran[k] != v}
         assert not differ, f"{run.parent.name}: config vs run {differ}"

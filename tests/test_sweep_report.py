@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from conftest import tiny_config
 from pflkit import load_runs, make_report, run_experiment, run_sweep
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
+from pflkit.report.archive import tree
 from pflkit.report.results import build_report, choose, find_settings, paired_p
 from pflkit.report.summary import summarize
 from test_cli import pflkit
@@ -270,7 +272,7 @@ def test_report_refuses_unfinished_runs_and_missing_numbers(cli, tmp_path):
 
 
 def test_keep_runs_copies_the_record_of_finished_runs_only(tmp_path):
-    """benchmarks/keep_runs.sh: the kept folder reports the same table as the compare folder;
+    """benchmarks/keep_runs.sh: the kept archive reports the same table as the compare folder;
     checkpoints, logs and unfinished runs stay behind; a clashing run name is exit 2."""
     script = Path(__file__).parents[1] / "benchmarks" / "keep_runs.sh"
     src = tmp_path / "cmp"
@@ -285,12 +287,15 @@ def test_keep_runs_copies_the_record_of_finished_runs_only(tmp_path):
 
     def keep(*folders: Path) -> subprocess.CompletedProcess:
         args = ["bash", str(script), str(dest), *map(str, folders)]
-        return subprocess.run(args, capture_output=True, text=True)
+        env = {**os.environ, "PYTHON": sys.executable}
+        return subprocess.run(args, capture_output=True, text=True, env=env)
 
     first = keep(src)
-    assert first.returncode == 0 and "kept 2 new run(s)" in first.stdout
-    assert sorted(p.name for p in dest.iterdir()) == ["compare.yaml", "fedavg-s0", "fedavg-s1"]
-    assert sorted(p.name for p in (dest / "fedavg-s0").iterdir()) == [
+    assert first.returncode == 0 and "kept 2 new run(s)" in first.stdout, first.stderr
+    assert not dest.exists() and dest.with_name("kept.zip").is_file()  # one archive
+    kept = tree(dest)
+    assert sorted(p.name for p in kept.iterdir()) == ["compare.yaml", "fedavg-s0", "fedavg-s1"]
+    assert sorted(p.name for p in (kept / "fedavg-s0").iterdir()) == [
         "config.yaml",
         "metrics.jsonl",
         "summary.json",
@@ -301,7 +306,7 @@ def test_keep_runs_copies_the_record_of_finished_runs_only(tmp_path):
     assert "kept 0 new run(s)" in keep(src).stdout  # the same runs again: nothing to do
     (src / "fedavg-s0" / "relation.json").write_text("{}\n")  # written after it was kept
     assert "kept 0 new run(s)" in keep(src).stdout
-    assert (dest / "fedavg-s0" / "relation.json").read_text() == "{}\n"
+    assert (tree(dest) / "fedavg-s0" / "relation.json").read_text() == "{}\n"
     other = tmp_path / "other"
     _fake_run(other / "fedavg-s0", "fedavg", 0, 0.9, 0.9)
     clash = keep(other)
@@ -473,20 +478,24 @@ def test_compare_kept_goes_on_from_the_kept_runs(tmp_path):
     script = Path(__file__).parents[1] / "benchmarks" / "compare_kept.sh"
     cfg = tiny_config(train={"rounds": 2}, compare={"algorithms": ["local"], "seeds": [0]})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    env = {"PFLKIT": str(Path(sys.executable).parent / "pflkit"), "PATH": "/usr/bin:/bin"}
+    env = {
+        "PFLKIT": str(Path(sys.executable).parent / "pflkit"),
+        "PYTHON": sys.executable,
+        "PATH": "/usr/bin:/bin",
+    }
 
     def compare(algorithms: str) -> subprocess.CompletedProcess:
         args = ["bash", str(script), "kept", "runs/c", "c.yaml", "-q", "--algorithms", algorithms]
         return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
 
     assert "kept 1 new run(s)" in compare("local").stdout
-    kept = (tmp_path / "kept" / "local-s0" / "summary.json").read_text()
+    kept = (tree(tmp_path / "kept") / "local-s0" / "summary.json").read_text()
     shutil.rmtree(tmp_path / "runs")  # a new checkout: only what was kept is left
     second = compare("local,fedavg")
     assert second.returncode == 0 and "kept 1 new run(s)" in second.stdout
     assert (tmp_path / "runs" / "c" / "local-s0" / "summary.json").read_text() == kept
     assert not (tmp_path / "runs" / "c" / "local-s0" / "run.log").exists()  # not run again
-    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == [
+    assert sorted(p.name for p in tree(tmp_path / "kept").iterdir()) == [
         "compare.yaml",
         "fedavg-s0",
         "local-s0",
@@ -505,6 +514,7 @@ def test_compare_kept_runs_a_sweep_with_pflkit_command_sweep(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(cfg))
     env = {
         "PFLKIT": str(Path(sys.executable).parent / "pflkit"),
+        "PYTHON": sys.executable,
         "PATH": "/usr/bin:/bin",
         "PFLKIT_COMMAND": "sweep",
     }
@@ -519,7 +529,7 @@ def test_compare_kept_runs_a_sweep_with_pflkit_command_sweep(tmp_path):
     second = sweep("--grid", "algorithm.mu=[0.1,0.5]")
     assert second.returncode == 0 and "kept 1 new run(s)" in second.stdout, second.stderr
     assert not (tmp_path / "runs" / "s" / "fedprox(mu=0.1)-s0" / "run.log").exists()
-    assert sorted(p.name for p in (tmp_path / "kept").iterdir() if p.is_dir()) == [
+    assert sorted(p.name for p in tree(tmp_path / "kept").iterdir() if p.is_dir()) == [
         "fedprox(mu=0.1)-s0",
         "fedprox(mu=0.5)-s0",
     ]

@@ -42,6 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pflkit.errors import PflkitError
+from pflkit.report.archive import Tree, tree
 from pflkit.report.summary import best_test, read_metrics
 
 PLAN = "plan.json"
@@ -79,9 +80,9 @@ _AT_TEXT = {
 
 @dataclass
 class Run:
-    """One finished run folder."""
+    """One finished run folder (on disk, or inside a run archive)."""
 
-    folder: Path
+    folder: Tree
     label: str
     seed: int
     config: dict[str, Any]
@@ -219,9 +220,9 @@ def _read_plan(path: Path) -> tuple[list[tuple[str, list[str]]], dict[str, Any]]
     return [(s["label"], s["folders"]) for s in settings], options
 
 
-def load_run(folder: str | Path, label: str | None = None) -> Run:
+def load_run(folder: str | Path | Tree, label: str | None = None) -> Run:
     """A finished run folder; its label is the folder name without ``-s<seed>``."""
-    folder = Path(folder)
+    folder = tree(folder)
     if not (folder / "summary.json").is_file():
         what = (
             f"has not finished: finish it with pflkit run --resume {folder}"
@@ -242,10 +243,11 @@ def load_run(folder: str | Path, label: str | None = None) -> Run:
 
 def find_settings(paths: list[str | Path]) -> tuple[list[Setting], dict[str, Any]]:
     """The settings of ``paths`` (run folders, or compare / sweep folders, read through their
-    plan) in order, with the options of the last plan read (``{}`` if none)."""
+    plan, or run archives: :mod:`pflkit.report.archive`) in order, with the options of the
+    last plan read (``{}`` if none)."""
     runs: list[Run] = []
     options: dict[str, Any] = {}
-    for path in map(Path, paths):
+    for path in map(tree, paths):
         if (path / PLAN).is_file():
             planned, options = _read_plan(path / PLAN)
             for label, folders in planned:
@@ -253,7 +255,8 @@ def find_settings(paths: list[str | Path]) -> tuple[list[Setting], dict[str, Any
         elif (path / "config.yaml").exists() or (path / "summary.json").exists():
             runs.append(load_run(path))
         elif path.is_dir() and any((p / "config.yaml").exists() for p in path.iterdir()):
-            runs += [load_run(p) for p in sorted(path.iterdir()) if (p / "config.yaml").exists()]
+            inside = sorted(path.iterdir(), key=lambda p: p.name)
+            runs += [load_run(p) for p in inside if (p / "config.yaml").exists()]
         else:
             raise PflkitError(
                 f"'{path}' is neither a run folder nor a folder of runs: give run folders "
