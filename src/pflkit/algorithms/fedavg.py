@@ -34,6 +34,7 @@ from pflkit.algorithms.env import ClientEnv
 class FedAvg(Algorithm):
     name = "fedavg"
     release = {"weights": "weights"}  # the trained model, an update of the download
+    vectorize = True  # engine.vectorize covers its local work
     description = "FedAvg (McMahan et al. 2017): local SGD, sample-weighted model averaging"
 
     class Params(Algorithm.Params):

@@ -40,6 +40,7 @@ from pflkit.algorithms.fedavg import FedAvg
 @register
 class FedBN(FedAvg):
     name = "fedbn"
+    vectorize = True  # engine.vectorize covers its local work
     private = ("bn",)  # the BatchNorm layers: the upload carries the rest
     description = "FedBN (Li et al. 2021): FedAvg on everything but BatchNorm layers, kept local"
 

@@ -34,6 +34,7 @@ from pflkit.models import PFLModel
 @register
 class FedPer(SplitBody):
     name = "fedper"
+    vectorize = True  # engine.vectorize covers its local work
     description = "FedPer (Arivazhagan et al. 2019): shared body, private head, trained jointly"
 
     def local_train(self, env: ClientEnv, model: PFLModel, ctx: RoundContext) -> float:

@@ -24,6 +24,7 @@ from pflkit.algorithms.fedavg import FedAvg
 @register
 class FedProx(FedAvg):
     name = "fedprox"
+    vectorize = True  # engine.vectorize covers its local work
     description = "FedProx (Li et al. 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2"
 
     class Params(FedAvg.Params):

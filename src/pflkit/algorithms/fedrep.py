@@ -45,6 +45,7 @@ from pflkit.models import PFLModel
 @register
 class FedRep(SplitBody):
     name = "fedrep"
+    vectorize = True  # engine.vectorize covers its local work
     description = "FedRep (Collins et al. 2021): head epochs (body frozen), then body epochs"
 
     class Params(SplitBody.Params):

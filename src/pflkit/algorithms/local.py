@@ -24,6 +24,7 @@ from pflkit.algorithms.env import ClientEnv, ServerEnv
 class Local(Algorithm):
     name = "local"
     release = {}  # nothing leaves the client
+    vectorize = True  # engine.vectorize covers its local work
     description = "Local training only: every client trains its own model, no communication"
 
     def server_init(self, env: ServerEnv) -> State:
