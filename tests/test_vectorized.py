@@ -220,3 +220,15 @@ def test_dp_sgd_and_dropout_models_are_refused():
     )
     with pytest.raises(PflkitError, match="model 'fedproto_cnn' has dropout layers"):
         Simulation(validate(raw))
+
+
+def test_the_cli_refuses_in_one_sentence_and_writes_nothing(cli, tmp_path):
+    import yaml
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config()))
+    args = ("--set", "algorithm.name=scaffold", "--set", "engine.vectorize=true")
+    r = cli("run", "c.yaml", *args, "--out", "bad", cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "algorithm 'scaffold' does not support engine.vectorize: true" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()

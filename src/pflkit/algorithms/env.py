@@ -110,9 +110,9 @@ class ClientEnv:
     models: ModelPool
     run: RunFacts
     public_x: Tensor | None = None
-    # the loop that runs :meth:`train`'s steps: local_sgd, or, in the vectorised engine
-    # (engine.vectorize), its recorder (pflkit.engine.vectorized.Tape), same signature
-    sgd: Callable[..., float] = local_sgd
+    # the loop that runs :meth:`train`'s steps, local_sgd's signature: None is local_sgd; the
+    # vectorised engine (engine.vectorize) sets its recorder (pflkit.engine.vectorized.Tape)
+    sgd: Callable[..., float] | None = None
 
     @property
     def num_train(self) -> int:
@@ -165,7 +165,8 @@ class ClientEnv:
             return dp_sgd(
                 model, d.train_x, d.train_y, self.run.sample_dp, optim=ctx.optim, **kwargs
             )
-        return self.sgd(model, self.data.train_x, self.data.train_y, optim=ctx.optim, **kwargs)
+        sgd = local_sgd if self.sgd is None else self.sgd
+        return sgd(model, self.data.train_x, self.data.train_y, optim=ctx.optim, **kwargs)
 
 
 @dataclass

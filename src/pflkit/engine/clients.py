@@ -409,7 +409,7 @@ def run_jobs(algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job]) ->
     if not jobs:
         return {}
     if isinstance(jobs[0], TrainJob):
-        return vectorized.train_cohort(algo, envs, jobs, checked)
+        return vectorized.train_cohort(algo, envs, jobs, checked, seed_torch)
     default_scoring = type(algo).scoring_model is Algorithm.scoring_model
 
     def weights(job: EvalJob) -> Weights | None:

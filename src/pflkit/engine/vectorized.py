@@ -262,12 +262,11 @@ def train_cohort(
     envs: Sequence[ClientEnv],
     jobs: Sequence[Any],
     check: Callable[[ClientEnv, Update, Any], Update | None],
+    seed_torch: Callable[..., None],
 ) -> dict[int, Update | None]:
     """Every training job's update by client, in job order, as the per-client path computes
     it (module docstring). ``check(env, update, ctx)`` is the per-client path's check of a
-    finished update (its non-finite metrics and uploads)."""
-    from pflkit.engine.clients import seed_torch  # the per-client path's seeding
-
+    finished update (its non-finite metrics and uploads), ``seed_torch(*keys)`` its seeding."""
     tapes: dict[int, list[Done]] = {job.cid: [] for job in jobs}
     out: dict[int, Update | None] = {}
     pending = list(jobs)
