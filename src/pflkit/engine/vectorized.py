@@ -36,6 +36,7 @@ is padded, the padding not counted); the others as in the per-client path.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -356,6 +357,11 @@ def train_stacked(reqs: Sequence[Request]) -> list[Done]:
 
     step = vmap(grad(client_loss, has_aux=True))
     device = r0.x.device
+    # every client's inputs and labels of the whole call in step order, gathered once: a
+    # step's batch is then a view (one gather per client, not one per client and step)
+    xs = [r.x[_order(r)] if not r.inputs else torch.cat(r.inputs) for r in reqs]
+    ys = [r.y[_order(r)] for r in reqs]
+    ends = [list(itertools.accumulate(len(b) for b in r.batches)) for r in reqs]
     total = torch.zeros(len(reqs), device=device)
     counts = [len(r.batches) for r in reqs]
     everyone = list(range(len(reqs)))
@@ -364,10 +370,10 @@ def train_stacked(reqs: Sequence[Request]) -> list[Done]:
         for i in everyone:
             if s < counts[i]:
                 by_size[len(reqs[i].batches[s])].append(i)
-        for members in by_size.values():
+        for size, members in by_size.items():
             idx = None if members == everyone else torch.tensor(members, device=device)
-            x = torch.stack([_inputs(reqs[i], s) for i in members])
-            y = torch.stack([reqs[i].y[reqs[i].batches[s]] for i in members])
+            x = torch.stack([xs[i][ends[i][s] - size : ends[i][s]] for i in members])
+            y = torch.stack([ys[i][ends[i][s] - size : ends[i][s]] for i in members])
             grads, (loss, new_buffers) = step(
                 _take(train, idx), _take(frozen, idx), _take(buffers, idx), x, y,
                 _take_tree(tensors, idx),
@@ -383,8 +389,11 @@ def train_stacked(reqs: Sequence[Request]) -> list[Done]:
     return [Done({k: final[k][i] for k in r.start}, losses[i], r.rng) for i, r in enumerate(reqs)]
 
 
-def _inputs(req: Request, s: int) -> Tensor:
-    return req.x[req.batches[s]] if req.inputs is None else req.inputs[s]
+def _order(req: Request) -> Tensor:
+    """The request's sample indices of every step, in step order."""
+    if not req.batches:
+        return torch.zeros(0, dtype=torch.long, device=req.y.device)
+    return torch.cat(req.batches)
 
 
 def _take_tree(tree: Any, idx: Tensor | None) -> Any:
