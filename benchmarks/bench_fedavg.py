@@ -13,6 +13,10 @@ so that machine noise hits all alike; the ratios are of the medians:
 - **process pool**: :class:`~pflkit.engine.clients.ProcessPool`, ``--workers`` processes with
   ``--threads-per-worker`` torch threads each (``--workers 2,4,8``: one pool contender per
   count; on ``--device cuda`` the workers share the GPU, each with its own CUDA context);
+- with ``--vectorize`` (issue 56), also **in-process vectorised** and one **vectorised pool**
+  per worker count: the same runners with ``engine.vectorize: true``
+  (:mod:`pflkit.engine.vectorized`: each worker trains its share of the cohort as one
+  ``torch.func`` computation and scores the clients' models by one ``vmap``);
 - **tight loop**: plain PyTorch in this process, no pflkit code: per client, load the global
   weights, one epoch of SGD over its preloaded training tensors, keep a copy of the result
   (training only: no evaluation).
@@ -30,6 +34,7 @@ state too (a few MiB).
 
     python benchmarks/bench_fedavg.py [--rounds 3] [--workers 2] [--device cpu]
     python benchmarks/bench_fedavg.py --device cuda --workers 2,4,8   # issue 38: workers per GPU
+    python benchmarks/bench_fedavg.py --vectorize --workers 2       # issue 56, side by side
 
 Goals (issue 9): whole round with the process pool <= 0.8x the tight loop on 2 cores;
 evaluation <= 10% of the round.
@@ -172,6 +177,11 @@ def main() -> None:
     ap.add_argument("--subset", type=int, default=None, help="use a subset of Fashion-MNIST")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (pools share the GPU)")
     ap.add_argument("--eval-batch", type=int, default=None, help="eval.batch_size (default 1000)")
+    ap.add_argument(
+        "--vectorize",
+        action="store_true",
+        help="also the vectorised runners (engine.vectorize: true), in-process and per pool",
+    )
     args = ap.parse_args()
     try:
         counts = [int(w) for w in args.workers.split(",")]
@@ -192,6 +202,12 @@ def main() -> None:
         pool = ProcessPool(w, args.threads_per_worker, fresh=gpu)
         name = "process pool" if len(counts) == 1 else f"pool x{w}"
         contenders[name] = Simulation(cfg, data, pool)
+    if args.vectorize:
+        contenders["in-process vectorised"] = Simulation(cfg, data, InProcess(vectorize=True))
+        for w in counts:
+            pool = ProcessPool(w, args.threads_per_worker, fresh=gpu, vectorize=True)
+            name = "vectorised pool" if len(counts) == 1 else f"vectorised pool x{w}"
+            contenders[name] = Simulation(cfg, data, pool)
     n_train = sum(len(c.train_y) for c in data.clients)
     print(
         f"fashion_mnist, 20 clients, dirichlet 0.1, cnn4, batch 10, device {args.device}: "

@@ -48,7 +48,8 @@ cross-check runs them); pflkit's default contender with pflkit's defaults (``eng
 auto``: one worker process per core with one torch thread each, and one thread in the server
 process; the numbers are read from the run's provenance.json); ``--pflkit-workers 1,2`` adds
 contenders with that many workers (1: in-process), ``--pflkit-threads N`` in-process ones with
-``threads: N``.
+``threads: N``, ``--pflkit-vectorize 1,8`` ones with ``engine.vectorize: true`` and that many
+workers (issue 56).
 
 **Goal** (issue 38): pflkit's default round at least 2x faster than PFLlib's and 1.7x faster
 than FL-bench's on 2 CPU cores; on a GPU at least 5x faster than PFLlib's.
@@ -573,6 +574,14 @@ def build(
     variants += [
         (f"pflkit-t{t}", f"pflkit threads={t}", {"threads": t}) for t in args.pflkit_threads
     ]
+    variants += [
+        (
+            f"pflkit-v{w}",
+            f"pflkit vectorised workers={w}",
+            {"engine": {"workers": w, "vectorize": True}},
+        )
+        for w in args.pflkit_vectorize
+    ]
     for key, label, extra in variants:
         raw = {**base, **extra}
         path = work / f"{key}.yaml"
@@ -694,6 +703,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="more pflkit contenders: in-process with this many torch threads, e.g. 1",
     )
     ap.add_argument(
+        "--pflkit-vectorize",
+        default="",
+        help="more pflkit contenders: engine.vectorize true with this many workers, e.g. 1,8",
+    )
+    ap.add_argument(
         "--turn-timeout", type=float, default=3600.0, help="seconds a turn may take (3600)"
     )
     args = ap.parse_args(argv)
@@ -722,6 +736,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if any(t < 1 for t in threads):
         raise Usage(f"--pflkit-threads {args.pflkit_threads!r}: give thread counts, e.g. 1")
     args.pflkit_threads = list(dict.fromkeys(threads))
+    try:
+        vec = [int(w) for w in args.pflkit_vectorize.split(",") if w]
+    except ValueError:
+        vec = [0]
+    if any(w < 1 for w in vec):
+        raise Usage(f"--pflkit-vectorize {args.pflkit_vectorize!r}: give worker counts, e.g. 1,8")
+    args.pflkit_vectorize = list(dict.fromkeys(vec))
     if args.device not in ("cpu", "cuda"):
         raise Usage(f"--device {args.device!r}: choose cpu or cuda")
     if args.turn_timeout <= 0:

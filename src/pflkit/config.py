@@ -301,6 +301,11 @@ class EngineConfig(_Section):
     # bytes of client states kept in memory (an LRU cache); the rest live on disk under the
     # run folder (pflkit.engine.states). A number of bytes or a size such as "512MB", "4GiB"
     state_memory: int = 4 * 2**30
+    # a worker trains its share of the cohort as one batched computation (torch.func) and
+    # scores the clients' models the same way (pflkit.engine.vectorized; the algorithms that
+    # declare vectorize = True). auto: per client for now (slower on CPU; not yet measured on
+    # a GPU, docs/benchmarks.md)
+    vectorize: bool | Literal["auto"] = "auto"
 
     @field_validator("state_memory", mode="before")
     @classmethod

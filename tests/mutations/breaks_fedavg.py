@@ -150,8 +150,8 @@ BREAKS = [
         "fedprox",
         "proximal term with the wrong sign",
         "algorithms/blocks/training.py",
-        "(p - global_weights[name]).pow(2).sum()",
-        "(p + global_weights[name]).pow(2).sum()",
+        "(p - anchor[name]).pow(2).sum()",
+        "(p + anchor[name]).pow(2).sum()",
         FEDPROX,
     ),
     Break(

@@ -109,6 +109,12 @@ class Algorithm:
     # the client-state keys that never leave the client (its personal parts); the privacy
     # tests check that no upload carries any of their tensors
     private: ClassVar[tuple[str, ...]] = ()
+    # engine.vectorize (pflkit.engine.vectorized): True where the local work is optimizer
+    # steps through ClientEnv.train with cross_entropy or a StackableLoss, no grad hook but
+    # train.grad_clip's, so the engine can train the cohort as one batched computation. Read
+    # from the class's own body only (vectorizable(cls)): a subclass that changes the local
+    # work does not inherit it
+    vectorize: ClassVar[bool] = False
 
     class Params(StrictNumbers):
         """The algorithm's hyper-parameters (each declared with :func:`param`)."""
@@ -219,6 +225,11 @@ class Algorithm:
         first state. An algorithm whose local update needs what a held-out client cannot have
         overrides it (docs/guide.md, "Held-out clients", lists which)."""
         return self.client_update(env, payload, state, ctx).state
+
+
+def vectorizable(cls: type[Algorithm]) -> bool:
+    """Whether ``cls`` itself declares ``vectorize = True`` (not inherited)."""
+    return bool(cls.__dict__.get("vectorize", False))
 
 
 # how the server averages client models: by n_k (FedAvg) or the plain mean (MAP Alg. 1)

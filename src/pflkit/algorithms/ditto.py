@@ -66,19 +66,25 @@ from pflkit.algorithms.base import (
     train_from,
 )
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSMode, RSParams
-from pflkit.algorithms.blocks.training import LossFn, Weights, cross_entropy, proximal_loss
+from pflkit.algorithms.blocks.training import (
+    LossFn,
+    StackableLoss,
+    Weights,
+    cross_entropy,
+    proximal_loss,
+)
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 
 
+def _smooth_l1_proximal(model, x, y, t: Mapping, lam: float) -> torch.Tensor:
+    terms = [F.smooth_l1_loss(p, t["anchor"][k]) for k, p in model.named_parameters()]
+    return cross_entropy(model, x, y) + lam * sum(terms) / len(terms)
+
+
 def smooth_l1_proximal_loss(global_weights: Mapping[str, torch.Tensor], lam: float) -> LossFn:
     """Cross-entropy + lam * mean over parameter tensors of smooth-L1(p, w_global) (MAP code)."""
-
-    def loss_fn(model, x, y):
-        terms = [F.smooth_l1_loss(p, global_weights[k]) for k, p in model.named_parameters()]
-        return cross_entropy(model, x, y) + lam * sum(terms) / len(terms)
-
-    return loss_fn
+    return StackableLoss(_smooth_l1_proximal, {"anchor": global_weights}, (lam,))
 
 
 @register
@@ -86,6 +92,7 @@ class Ditto(FedAvg):
     name = "ditto"
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     private = ("personal",)
+    vectorize = True  # engine.vectorize covers its local work
     description = "Ditto (Li et al. 2021): FedAvg + a private model pulled toward the global one"
 
     class Params(FedAvg.Params):

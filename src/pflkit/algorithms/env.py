@@ -19,6 +19,7 @@ models per client per round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,9 @@ class ClientEnv:
     models: ModelPool
     run: RunFacts
     public_x: Tensor | None = None
+    # the loop that runs :meth:`train`'s steps, local_sgd's signature: None is local_sgd; the
+    # vectorised engine (engine.vectorize) sets its recorder (pflkit.engine.vectorized.Tape)
+    sgd: Callable[..., float] | None = None
 
     @property
     def num_train(self) -> int:
@@ -161,7 +165,8 @@ class ClientEnv:
             return dp_sgd(
                 model, d.train_x, d.train_y, self.run.sample_dp, optim=ctx.optim, **kwargs
             )
-        return local_sgd(model, self.data.train_x, self.data.train_y, optim=ctx.optim, **kwargs)
+        sgd = local_sgd if self.sgd is None else self.sgd
+        return sgd(model, self.data.train_x, self.data.train_y, optim=ctx.optim, **kwargs)
 
 
 @dataclass

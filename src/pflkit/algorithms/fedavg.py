@@ -36,6 +36,7 @@ class FedAvg(Algorithm):
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     release = {"weights": "weights"}  # the trained model, an update of the download
     secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
+    vectorize = True  # engine.vectorize covers its local work
     description = "FedAvg (McMahan et al. 2017): local SGD, sample-weighted model averaging"
 
     class Params(Algorithm.Params):

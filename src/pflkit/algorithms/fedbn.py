@@ -41,6 +41,7 @@ from pflkit.algorithms.fedavg import FedAvg
 class FedBN(FedAvg):
     name = "fedbn"
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    vectorize = True  # engine.vectorize covers its local work
     private = ("bn",)  # the BatchNorm layers: the upload carries the rest
     description = "FedBN (Li et al. 2021): FedAvg on everything but BatchNorm layers, kept local"
 

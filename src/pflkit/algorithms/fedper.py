@@ -35,6 +35,7 @@ from pflkit.models import PFLModel
 class FedPer(SplitBody):
     name = "fedper"
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    vectorize = True  # engine.vectorize covers its local work
     description = "FedPer (Arivazhagan et al. 2019): shared body, private head, trained jointly"
 
     def local_train(self, env: ClientEnv, model: PFLModel, ctx: RoundContext) -> float:

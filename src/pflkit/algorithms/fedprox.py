@@ -25,6 +25,7 @@ from pflkit.algorithms.fedavg import FedAvg
 class FedProx(FedAvg):
     name = "fedprox"
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    vectorize = True  # engine.vectorize covers its local work
     description = "FedProx (Li et al. 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2"
 
     class Params(FedAvg.Params):

@@ -46,6 +46,7 @@ from pflkit.models import PFLModel
 class FedRep(SplitBody):
     name = "fedrep"
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    vectorize = True  # engine.vectorize covers its local work
     description = "FedRep (Collins et al. 2021): head epochs (body frozen), then body epochs"
 
     class Params(SplitBody.Params):

@@ -26,6 +26,7 @@ class Local(Algorithm):
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     secagg_refusal = "it has no server aggregate to secure"
     release = {}  # nothing leaves the client
+    vectorize = True  # engine.vectorize covers its local work
     description = "Local training only: every client trains its own model, no communication"
 
     def server_init(self, env: ServerEnv) -> State:

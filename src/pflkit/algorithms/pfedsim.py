@@ -135,6 +135,7 @@ def mix(stored: list[Weights], w: Tensor, keys: list[str], own: Weights) -> Weig
 class PFedSim(Algorithm):
     name = "pfedsim"
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
+    vectorize = True  # engine.vectorize covers its local work
     release = {"weights": "weights"}
     uses_each_upload = "measures the similarity of each client's classifier and mixes each client's extractor by it"
     private = ("buffers",)  # with bn_stats: local

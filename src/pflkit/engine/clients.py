@@ -43,9 +43,11 @@ from torch import nn
 
 from pflkit.algorithms import Algorithm, build_algorithm
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
+from pflkit.algorithms.blocks.training import Weights
 from pflkit.algorithms.env import ClientEnv, RunFacts
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
 from pflkit.data.federated import FederatedDataset
+from pflkit.engine import vectorized
 from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
@@ -147,6 +149,12 @@ def train_client(
         update = dpsgd.client_update(algo, env, payload, state, ctx)
     else:
         update = algo.client_update(env, payload, state, ctx)
+    return checked(env, update, ctx)
+
+
+def checked(env: ClientEnv, update: Update, ctx: RoundContext) -> Update | None:
+    """``update`` if its training metrics and upload are finite; else None with
+    ``train.on_nan: skip_client``, or one sentence (:func:`train_client`)."""
     bad = [f"{k} is {v}" for k, v in update.metrics.items() if not math.isfinite(v)]
     if not bad and not _finite(update.upload):
         bad = ["upload holds inf or nan values"]
@@ -215,11 +223,28 @@ def scored_model(
     With ``finetune_epochs`` (``eval.finetune_epochs``) > 0, a copy of that model fine-tuned on
     the client's training split (:func:`finetune_for_eval`). Torch is seeded first
     (:func:`seed_eval`), so every caller gets the same model."""
-    selected = upload is not None
-    state = dpsgd.without_history(state)  # DP-SGD's step count is not the algorithm's
     if adapt is not None:
-        state = adapt_client(algo, env, adapt, state, ctx)
-    seed_eval(ctx.seed, ctx.round, env.cid, selected)
+        state = adapt_client(algo, env, adapt, dpsgd.without_history(state), ctx)
+    weights = scored_weights(algo, env, view, state, ctx, upload)
+    model = algo.scoring_model(env, weights)
+    if finetune_epochs:
+        model = finetune_for_eval(model, env, ctx, finetune_epochs, upload is not None)
+    return model
+
+
+def scored_weights(
+    algo: Algorithm,
+    env: ClientEnv,
+    view: Payload,
+    state: State,
+    ctx: RoundContext,
+    upload: Upload | None = None,
+) -> Weights:
+    """The weights :func:`scored_model` builds its module from: ``trained_weights`` given
+    ``upload``, else ``personal_weights`` (None: ``view["weights"]``), after
+    :func:`seed_eval`."""
+    state = dpsgd.without_history(state)  # DP-SGD's step count is not the algorithm's
+    seed_eval(ctx.seed, ctx.round, env.cid, upload is not None)
     # ctx: personal_weights may train (FedAvg-FT's fine-tuning)
     if upload is not None:
         weights = algo.trained_weights(env, view, upload, state, ctx)
@@ -231,10 +256,7 @@ def scored_model(
                 f"{algo.name}: personal_weights returned None but there is no global model"
             )
         weights = view["weights"]
-    model = algo.scoring_model(env, weights)
-    if finetune_epochs:
-        model = finetune_for_eval(model, env, ctx, finetune_epochs, selected)
-    return model
+    return weights
 
 
 HOLDOUT = 0xAD  # the torch stream of held-out clients' personalization steps
@@ -335,6 +357,8 @@ class ClientRunner:
     #: client state lives in the engine: jobs carry it, training results return the new one
     #: (so a run can be checkpointed and resumed); False: it lives where the clients run
     keeps_state: bool = True
+    #: trains (and scores) a phase's clients as one batched computation (engine.vectorize)
+    vectorize: bool = False
 
     def start(self, cfg: ExperimentConfig, data: FederatedDataset) -> None:
         """Prepare for a run of ``cfg`` on ``data`` (called once, before its first round)."""
@@ -364,12 +388,36 @@ class ClientRunner:
 
 
 class InProcess(ClientRunner):
-    """Client work in this process, one client after another."""
+    """Client work in this process, one client after another, or with ``vectorize``
+    (``engine.vectorize``) as one batched computation (:func:`run_jobs`)."""
+
+    def __init__(self, vectorize: bool = False):
+        self.vectorize = vectorize
 
     def run(self, algo, envs, jobs, meanwhile=None):
         if meanwhile is not None:
             meanwhile()
+        if self.vectorize:
+            return run_jobs(algo, envs, jobs)
         return {job.cid: job.run(algo, envs[job.cid]) for job in jobs}
+
+
+def run_jobs(algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job]) -> dict[int, Any]:
+    """The results of ``jobs`` (all of one kind) by client, in job order, by the vectorised
+    engine (:mod:`pflkit.engine.vectorized`): training as one computation; evaluation of the
+    clients scored by the default scoring model too (the others one by one)."""
+    if not jobs:
+        return {}
+    if isinstance(jobs[0], TrainJob):
+        return vectorized.train_cohort(algo, envs, jobs, checked, seed_torch)
+    default_scoring = type(algo).scoring_model is Algorithm.scoring_model
+
+    def weights(job: EvalJob) -> Weights | None:
+        if not default_scoring or job.adapt is not None or job.finetune_epochs:
+            return None
+        return scored_weights(algo, envs[job.cid], job.view, job.state, job.ctx, job.upload)
+
+    return vectorized.evaluate_cohort(algo, envs, jobs, weights, lambda j: j.run(algo, envs[j.cid]))
 
 
 # -- process pool -----------------------------------------------------------------------------------
@@ -477,6 +525,24 @@ def _worker_job(blob: bytes) -> bytes:
     return run_job(_WORKER["algo"], _WORKER["envs"], blob)
 
 
+def _worker_share(blob: bytes) -> bytes:
+    """Run a pickled list of jobs in a pool worker as one computation (:func:`run_jobs`)."""
+    algo, envs = _WORKER["algo"], _WORKER["envs"]
+    return reply(lambda: run_jobs(algo, envs, pickle.loads(blob)))
+
+
+def shares(jobs: Sequence[Job], sizes: Sequence[int], parts: int) -> list[list[Job]]:
+    """``jobs`` in at most ``parts`` shares of about equal work: largest client (``sizes``)
+    first, each to the share with the least so far; every share in job order."""
+    load, out = [0] * parts, [[] for _ in range(parts)]
+    for job in sorted(jobs, key=lambda j: -sizes[j.cid]):
+        k = load.index(min(load))
+        load[k] += sizes[job.cid]
+        out[k].append(job)
+    order = {job.cid: i for i, job in enumerate(jobs)}
+    return [sorted(share, key=lambda j: order[j.cid]) for share in out if share]
+
+
 class ProcessPool(ClientRunner):
     """Client work in ``workers`` processes with ``threads`` torch threads each (module
     docstring), built once from the run's config and data (:meth:`start`); each has its own
@@ -489,10 +555,13 @@ class ProcessPool(ClientRunner):
     where a forked CUDA context is unusable, each worker opens its own context and stream on
     the run's device, and the workers share the GPU."""
 
-    def __init__(self, workers: int, threads: int = 1, fresh: bool = False):
+    def __init__(
+        self, workers: int, threads: int = 1, fresh: bool = False, vectorize: bool = False
+    ):
         self.workers = workers
         self.threads = threads
         self.fresh = fresh
+        self.vectorize = vectorize  # each worker trains its share as one computation
         self.executor: ProcessPoolExecutor | None = None
         self.initargs: tuple[Any, ...] | None = None
 
@@ -525,14 +594,19 @@ class ProcessPool(ClientRunner):
         what = "training" if any(isinstance(j, TrainJob) for j in jobs) else "evaluating"
         rnd = jobs[0].ctx.round if jobs else 0
         order = sorted(jobs, key=lambda j: -envs[j.cid].num_train)
+        # vectorize: one share of the jobs per worker, keyed by its first client
+        parts = shares(jobs, [e.num_train for e in envs], self.workers) if self.vectorize else []
         try:
             futures: dict[int, Future] = {
+                part[0].cid: pool.submit(_worker_share, pickle.dumps(part, pickle.HIGHEST_PROTOCOL))
+                for part in parts
+            } or {
                 job.cid: pool.submit(_worker_job, pickle.dumps(job, pickle.HIGHEST_PROTOCOL))
                 for job in order
             }
             if meanwhile is not None:
                 meanwhile()
-            replies = {job.cid: futures[job.cid].result() for job in jobs}
+            replies = {cid: futures[cid].result() for cid in futures}
         except BrokenProcessPool:
             self.close(kill=True)
             raise PflkitError(
@@ -542,7 +616,10 @@ class ProcessPool(ClientRunner):
         except BaseException:  # Ctrl-C or a failed submit: stop every worker now
             self.close(kill=True)
             raise
-        return unpack_replies(replies, "a worker process", what, rnd, lambda: self.close(kill=True))
+        out = unpack_replies(replies, "a worker process", what, rnd, lambda: self.close(kill=True))
+        if self.vectorize:  # one dict of results per share
+            out = {cid: r for share in out.values() for cid, r in share.items()}
+        return {job.cid: out[job.cid] for job in jobs}
 
     def close(self, kill: bool = False) -> None:
         ex, self.executor = self.executor, None
@@ -576,8 +653,9 @@ def make_runner(cfg: ExperimentConfig) -> ClientRunner:
     """The runner ``cfg.engine`` asks for."""
     e = cfg.engine
     workers = auto_workers(cfg) if e.workers == "auto" else e.workers
+    vectorize = vectorized.enabled(cfg)
     if workers <= 1:
-        return InProcess()
+        return InProcess(vectorize)
     # on an accelerator the workers share it, each with its own context (ProcessPool, fresh)
     accelerator = resolve_device(cfg.device) != "cpu"
-    return ProcessPool(workers, e.threads_per_worker, fresh=accelerator)
+    return ProcessPool(workers, e.threads_per_worker, fresh=accelerator, vectorize=vectorize)

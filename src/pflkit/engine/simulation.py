@@ -44,6 +44,7 @@ from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.base import State, Upload, nbytes, parse_params
 from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset, build_federated
+from pflkit.engine import vectorized
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import (
     EVALUATE,
@@ -151,6 +152,8 @@ class Simulation:
         self.senv, self.envs = make_envs(cfg, self.data)
         self.algo = build_algorithm(cfg.algorithm)
         self.algo.check(self.senv)
+        if self.runner.vectorize:
+            vectorized.check_models(self.senv)
         # client-level DP of the uploads (privacy.client_dp): None when off
         self.dp = client_dp.build(
             cfg, self.algo, len(training_clients(cfg.data.num_clients, held_out(cfg)))

@@ -126,15 +126,32 @@ def cross_entropy(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(model(x), y)
 
 
-def proximal_loss(global_weights: Mapping[str, Tensor], mu: float) -> LossFn:
+@dataclass(frozen=True)
+class StackableLoss:
+    """A local objective as one function of the model, the batch and the client's own tensors:
+    ``fn(model, x, y, tensors, *static)``. Called like any :data:`LossFn`; the vectorised
+    engine (:mod:`pflkit.engine.vectorized`) runs one ``fn`` for a whole cohort, stacking the
+    clients' ``tensors`` (dicts of tensors) and sharing ``static`` (numbers, the same for
+    every client of a round)."""
+
+    fn: Callable[..., Tensor]
+    tensors: Mapping[str, Tensor | Mapping[str, Tensor]]
+    static: tuple = ()
+
+    def __call__(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        return self.fn(model, x, y, self.tensors, *self.static)
+
+
+def _proximal(model: nn.Module, x: Tensor, y: Tensor, t: Mapping, mu: float) -> Tensor:
+    anchor = t["anchor"]
+    prox = sum((p - anchor[name]).pow(2).sum() for name, p in model.named_parameters())
+    return cross_entropy(model, x, y) + 0.5 * mu * prox
+
+
+def proximal_loss(global_weights: Mapping[str, Tensor], mu: float) -> StackableLoss:
     """Cross-entropy plus (mu / 2) * ||w - w_global||^2 over the model's parameters (FedProx's
     local objective, Ditto's personal one); :func:`proximal_pull` adds only the gradient."""
-
-    def loss_fn(model, x, y):
-        prox = sum((p - global_weights[name]).pow(2).sum() for name, p in model.named_parameters())
-        return cross_entropy(model, x, y) + 0.5 * mu * prox
-
-    return loss_fn
+    return StackableLoss(_proximal, {"anchor": global_weights}, (mu,))
 
 
 def local_sgd(
@@ -180,39 +197,53 @@ def local_sgd(
         steps = epochs * steps_per_epoch(n, batch_size, optim.drop_last)
     total = torch.zeros((), device=x.device)
     done = 0
-    # the last batch's start: with drop_last only full batches (one short one when n < batch)
-    end = n - batch_size + 1 if optim.drop_last and n >= batch_size else n
     with frozen_except(model, params):
-        while done < steps:
-            # drawn on the CPU whatever the device, so a seed gives the same batches everywhere
-            perm = torch.randperm(n, device="cpu").to(x.device)
-            for i in range(0, end, batch_size):
-                if done == steps:
-                    break
-                idx = perm[i : i + batch_size]
-                opt.zero_grad(set_to_none=True)
-                xb = x[idx] if transform is None else transform(x[idx])
-                loss = loss_fn(model, xb, y[idx])
-                loss.backward()
-                for hook in grad_hooks:
-                    hook(params)
-                opt.step()
-                total += loss.detach()
-                done += 1
+        for idx in batch_indices(n, batch_size, steps, optim.drop_last, x.device):
+            opt.zero_grad(set_to_none=True)
+            xb = x[idx] if transform is None else transform(x[idx])
+            loss = loss_fn(model, xb, y[idx])
+            loss.backward()
+            for hook in grad_hooks:
+                hook(params)
+            opt.step()
+            total += loss.detach()
+            done += 1
     return float(total) / max(done, 1)
+
+
+def batch_indices(
+    n: int, batch_size: int, steps: int, drop_last: bool, device: torch.device | str = "cpu"
+) -> Iterator[Tensor]:
+    """The sample indices of each of ``steps`` mini-batches of :func:`local_sgd`: epoch after
+    epoch, a fresh permutation of the ``n`` samples from torch's global RNG (drawn on the CPU
+    whatever the device, so a seed gives the same batches everywhere) cut into batches of
+    ``batch_size``, with ``drop_last`` without the epoch's incomplete last one (one short batch
+    when ``n < batch_size``). Lazy: a permutation is drawn when its epoch starts, so draws the
+    caller makes between batches (augmentation) come in the same order as in the loop."""
+    done = 0
+    # the last batch's start: with drop_last only full batches (one short one when n < batch)
+    end = n - batch_size + 1 if drop_last and n >= batch_size else n
+    while done < steps:
+        perm = torch.randperm(n, device="cpu").to(device)
+        for i in range(0, end, batch_size):
+            if done == steps:
+                return
+            yield perm[i : i + batch_size]
+            done += 1
 
 
 # -- gradient hooks (composable: local_sgd applies them in the order given) ----------------------
 
 
-def clip_grad(max_norm: float) -> GradHook:
+@dataclass(frozen=True)
+class clip_grad:  # noqa: N801 (a hook factory, called like the other hooks' functions)
     """Clip the gradient of all optimised tensors to global L2 norm ``max_norm``
-    (``train.grad_clip``)."""
+    (``train.grad_clip``). A class, so that the vectorised engine can read ``max_norm``."""
 
-    def hook(params: list[Tensor]) -> None:
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
+    max_norm: float
 
-    return hook
+    def __call__(self, params: list[Tensor]) -> None:
+        torch.nn.utils.clip_grad_norm_(params, self.max_norm)
 
 
 def shift_grad(shifts: Sequence[tuple[Tensor, Tensor]]) -> GradHook:

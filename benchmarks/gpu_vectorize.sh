@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU figures of issue 56 (engine.vectorize) on a machine with a CUDA device, in one go:
+#   1. tests/test_vectorized.py on that machine (its runs use device auto, so the cuda device):
+#      the vectorised path equals the per-client path there too;
+#   2. the anchor config (benchmarks/bench_fedavg.py: FedAvg, Fashion-MNIST, 20 clients,
+#      cnn4, batch 10) on cuda, interleaved round by round: in-process, 8 workers sharing the
+#      GPU, in-process vectorised, and 8 vectorised workers; seconds per round (median of
+#      ROUNDS) and peak GPU memory (nvidia-smi, per process, summed);
+#   3. with PFLLIB set (a PFLlib checkout; REFPY: the interpreter with its dependencies),
+#      benchmarks/vs_libraries.py --device cuda: PFLlib against pflkit's default engine,
+#      8 workers, vectorised in-process and 8 vectorised workers, for the ratios to PFLlib.
+# Goals (issue 56): an anchor round at least 3x faster than 8 workers, and at least 25x
+# PFLlib's, on an H100. engine.vectorize: auto picks the vectorised path on CUDA only once
+# these figures show it faster (pflkit.engine.vectorized.AUTO_ON_CUDA).
+#
+#   benchmarks/gpu_vectorize.sh [OUT]   # OUT: where the logs go (default runs/gpu-vectorize)
+#   PFLLIB=~/refs/PFLlib REFPY=~/refenv/bin/python benchmarks/gpu_vectorize.sh
+set -uo pipefail
+OUT=${1:-runs/gpu-vectorize}
+PY=${PYTHON:-python3}
+ROUNDS=${ROUNDS:-3}
+mkdir -p "$OUT"
+date -u +%Y-%m-%dT%H:%MZ | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/gpu.txt"
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
+$PY -m pytest -q -p no:cacheprovider -p no:xdist tests/test_vectorized.py 2>&1 \
+    | tee "$OUT/test_vectorized.log" | tail -n 5
+$PY benchmarks/bench_fedavg.py --device cuda --rounds "$ROUNDS" --workers 8 --vectorize 2>&1 \
+    | tee "$OUT/bench_fedavg_vectorize_cuda.log"
+if [ -n "${PFLLIB:-}" ]; then
+    rm -rf "$OUT/vs"
+    $PY benchmarks/vs_libraries.py --pfllib "$PFLLIB" --python "${REFPY:-$PY}" --device cuda \
+        --rounds "$ROUNDS" --pflkit-workers 8 --pflkit-vectorize 1,8 --out "$OUT/vs" 2>&1 \
+        | tee "$OUT/vs_libraries_cuda.log"
+else
+    echo "PFLLIB not set: vs_libraries.py skipped (give a PFLlib checkout for the ratio)" \
+        | tee "$OUT/vs_libraries_cuda.log"
+fi

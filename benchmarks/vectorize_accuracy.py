@@ -1,0 +1,111 @@
+"""Issue 56: the accuracy of the vectorised path (``engine.vectorize: true``) against the
+per-client path over the cross-check configs, seed by seed.
+
+For each config (default: both cross-check configs, benchmarks/crosscheck/*_xc.yaml), each
+algorithm (default: every covered one, ``pflkit.engine.vectorized.covered()``) and each seed,
+one run per path, in this process (``engine.workers: 1``), for ``--rounds`` rounds (default 50).
+Reported per (config, algorithm): the final pooled accuracy (``pers_acc_weighted``, the
+clients' local test splits pooled) per seed and path, the mean over seeds of each path, the
+difference of the means, and the seed noise: the standard deviation over seeds of the
+per-client path. "within noise" when the difference of the means is at most twice the
+standard error of that difference (sqrt(sd_a^2 / n + sd_b^2 / n)) or at most one test sample
+of the pooled split (where the seeds agree exactly). ``--subset`` trains on a Fashion-MNIST
+subset and ``--clients`` overrides the client count: reduced runs for a small machine.
+
+    python benchmarks/vectorize_accuracy.py                             # the full comparison
+    python benchmarks/vectorize_accuracy.py --rounds 5 --algorithms fedavg,ditto \\
+        --configs fmnist_practical_xc --subset 3000                     # a reduced one
+
+Writes nothing but its table (stdout), one markdown row per (config, algorithm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from pflkit.engine.simulation import Simulation
+from pflkit.engine.vectorized import covered
+from pflkit.experiment import validate
+
+HERE = Path(__file__).resolve().parent / "crosscheck"
+CONFIGS = ["fmnist_practical_xc", "fmnist_dir01_xc"]
+METRIC = "pers_acc_weighted"
+
+
+def final_accuracy(raw: dict, vectorize: bool) -> tuple[float, float, int]:
+    """The last round's pooled personalized accuracy, the run's seconds and the pooled
+    test split's size."""
+    cfg = validate({**raw, "engine": {"workers": 1, "vectorize": vectorize}})
+    t0 = time.perf_counter()
+    with Simulation(cfg) as sim:
+        for rnd in range(1, cfg.train.rounds + 1):
+            row = sim.run_round(rnd)
+        pooled_test = int(sim.counts["test"].sum())
+    return row[METRIC], time.perf_counter() - t0, pooled_test
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="cross-check config names")
+    ap.add_argument("--algorithms", default=",".join(covered()), help="covered algorithms")
+    ap.add_argument("--seeds", default="0,1,2", help="training seeds")
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--subset", type=int, help="a Fashion-MNIST subset (reduced runs)")
+    ap.add_argument("--clients", type=int, help="data.num_clients (reduced runs)")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    if bad := [a for a in algorithms if a not in covered()]:
+        print(f"error: {bad[0]} is not covered by engine.vectorize: choose from {covered()}")
+        return 2
+    seeds = [int(s) for s in args.seeds.split(",")]
+    torch.set_num_threads(1)
+    print(
+        f"| config | algorithm | per-client ({METRIC}, seeds {args.seeds}) | vectorised | "
+        "mean diff | seed sd | within noise | seconds per-client / vectorised |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.configs.split(","):
+        base = yaml.safe_load((HERE / f"{name}.yaml").read_text())
+        base["train"] = {**base["train"], "rounds": args.rounds}
+        base["output"] = {"progress": False}
+        base["device"] = args.device
+        if args.subset:
+            base["data"] = {**base["data"], "subset": args.subset}
+        if args.clients:
+            base["data"] = {**base["data"], "num_clients": args.clients}
+        base.pop("compare", None)
+        for algo in algorithms:
+            acc: dict[bool, list[float]] = {False: [], True: []}
+            secs: dict[bool, float] = {False: 0.0, True: 0.0}
+            for seed in seeds:
+                raw = {**base, "seed": seed, "algorithm": {"name": algo}}
+                for vec in (False, True):
+                    a, s, pooled = final_accuracy(raw, vec)
+                    acc[vec].append(a)
+                    secs[vec] += s
+            n = len(seeds)
+            diff = statistics.mean(acc[True]) - statistics.mean(acc[False])
+            sd = statistics.stdev(acc[False]) if n > 1 else 0.0
+            sd_v = statistics.stdev(acc[True]) if n > 1 else 0.0
+            se = (sd**2 / n + sd_v**2 / n) ** 0.5
+            ok = abs(diff) <= max(2 * se, 1 / pooled)
+            fmt = ", ".join
+            print(
+                f"| {name} | {algo} | {fmt(f'{a:.4f}' for a in acc[False])} | "
+                f"{fmt(f'{a:.4f}' for a in acc[True])} | {diff:+.4f} | {sd:.4f} | "
+                f"{'yes' if ok else 'NO'} | {secs[False]:.0f} / {secs[True]:.0f} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,547 @@
+"""The vectorised engine (``engine.vectorize``): a worker trains its share of the cohort as one
+batched computation (``torch.func``: ``functional_call``, ``grad``, ``vmap`` over stacked
+client parameters) and scores the clients' personalized models the same way.
+
+Training (:func:`train_cohort`). Every client's own ``client_update`` runs as in the per-client
+path, but the steps of its :meth:`~pflkit.algorithms.ClientEnv.train` calls go to a recorder,
+:class:`Tape`, instead of :func:`~pflkit.algorithms.blocks.training.local_sgd`: the first call
+not answered yet records a :class:`Request` (the model's state, the optimised parameters, the
+optimiser settings, the loss, and the batches, drawn from the client's own torch stream exactly
+as ``local_sgd`` draws them) and stops the update (:class:`Pending`). When every client has
+stopped or finished, the requests are trained together (:func:`train_requests`), and each
+stopped update runs again from its start (torch re-seeded as before), its recorded calls now
+answered from the tape: the trained state loaded into the model, the mean loss returned and
+torch's RNG left where the loop left it. An update with k training calls (Ditto, FedRep: 2)
+runs k + 1 times; the Python around the steps is cheap, the steps are the work. No algorithm is
+written twice: an algorithm declares ``vectorize = True`` (:func:`~pflkit.algorithms.base.
+vectorizable`) when its local work is such steps with ``cross_entropy`` or a
+:class:`~pflkit.algorithms.blocks.training.StackableLoss`.
+
+The requests of one computation share the architecture, the loss function and its static
+arguments, the optimised parameters and the optimiser settings; the clients' states are stacked
+along a new first dimension. Per step, the clients that still have a batch (the step mask: a
+client with fewer batches stops updating) are grouped by batch size, and each group takes one
+``vmap(grad(loss))`` call and one functional optimiser step (SGD with momentum and weight decay,
+Adam, AdamW: torch's update rules, per-client moments), with ``train.grad_clip``'s per-client
+clipping in between. BatchNorm running statistics are buffers of each client's own slice.
+Numbers equal the per-client path's within float tolerance, not bit for bit: the batched
+kernels sum in another order.
+
+Evaluation (:func:`evaluate_cohort`): the clients whose scoring model is the client model with
+the weights ``personal_weights`` gives (the default ``scoring_model``, no
+``eval.finetune_epochs``, not held out) are scored by one ``vmap`` of the model's forward over
+their stacked weights, chunk by chunk of ``eval.batch_size`` samples (a client with fewer samples
+is padded, the padding not counted); the others as in the per-client path.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from pflkit.algorithms import ALGORITHMS, Algorithm
+from pflkit.algorithms.base import Update, vectorizable
+from pflkit.algorithms.blocks.training import (
+    PLAIN_SGD,
+    LocalOptim,
+    StackableLoss,
+    Weights,
+    batch_indices,
+    clip_grad,
+    cross_entropy,
+    set_weights,
+    steps_per_epoch,
+)
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.config import ExperimentConfig, resolve_device
+from pflkit.errors import PflkitError
+
+# engine.vectorize: auto picks the vectorised path only on CUDA and only once
+# benchmarks/gpu_vectorize.sh has measured it faster there than per-client workers; not
+# measured yet, so auto is the per-client path everywhere (on CPU it measured slower:
+# docs/benchmarks.md)
+AUTO_ON_CUDA = False
+MAX_STACK = 256  # clients stacked in one computation, at most (memory: states and activations)
+
+
+def covered() -> list[str]:
+    """The registered algorithms that ``engine.vectorize: true`` covers."""
+    return sorted(name for name, cls in ALGORITHMS.items() if vectorizable(cls))
+
+
+def enabled(cfg: ExperimentConfig) -> bool:
+    """Whether ``cfg`` runs the vectorised path: ``engine.vectorize`` true, or ``auto`` on CUDA
+    where it was measured faster (:data:`AUTO_ON_CUDA`). ``true`` for a run it cannot do is one
+    sentence (:class:`PflkitError`); ``auto`` then quietly runs per client."""
+    v = cfg.engine.vectorize
+    cls = ALGORITHMS.lookup(cfg.algorithm["name"])
+    if v == "auto":
+        on_cuda = resolve_device(cfg.device) != "cpu"
+        return AUTO_ON_CUDA and on_cuda and vectorizable(cls) and why_not(cfg) is None
+    if not v:
+        return False
+    if not vectorizable(cls):
+        raise PflkitError(
+            f"algorithm '{cls.name}' does not support engine.vectorize: true (its local work is "
+            f"not plain optimizer steps the engine can batch; covered: {', '.join(covered())}): "
+            "set engine.vectorize: false"
+        )
+    reason = why_not(cfg)
+    if reason is not None:
+        raise PflkitError(f"engine.vectorize: true {reason}: set engine.vectorize: false")
+    return True
+
+
+def why_not(cfg: ExperimentConfig) -> str | None:
+    """Why the vectorised path cannot run ``cfg`` whatever its algorithm (None: it can)."""
+    if cfg.privacy.sample_dp is not None:
+        return "cannot run privacy.sample_dp's per-sample clipping (DP-SGD runs per client)"
+    if cfg.engine.runner == "ray":
+        return "runs in this process or the process pool, not on engine.runner: ray"
+    return None
+
+
+def check_models(env: ServerEnv) -> None:
+    """Refuse a model with active dropout: its masks would be drawn from one stream for the
+    whole cohort, not from each client's own."""
+    for arch in sorted(set(env.archs)):
+        model = env.model(arch)
+        if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+            raise PflkitError(
+                f"model '{model.name}' has dropout layers, whose random masks the vectorised "
+                "engine cannot draw from each client's own stream: set engine.vectorize: false "
+                "or pick a model without dropout"
+            )
+
+
+# -- recording the training calls ------------------------------------------------------------------
+
+
+class Pending(BaseException):  # noqa: N818 (not an error: a client waiting for its steps)
+    """Stops a client's update at a training call whose steps are not done yet (a
+    BaseException, so that no ``except Exception`` in an algorithm swallows it)."""
+
+
+def _cross_entropy(model: nn.Module, x: Tensor, y: Tensor, tensors: Mapping) -> Tensor:
+    return cross_entropy(model, x, y)
+
+
+@dataclass
+class Request:
+    """One client's training call, as :class:`Tape` recorded it."""
+
+    model: nn.Module  # the module trained (its architecture; its values are in ``start``)
+    start: Weights  # its state when the call came
+    trainable: tuple[str, ...]  # the optimised parameters' names
+    loss: StackableLoss
+    x: Tensor  # the client's training inputs and labels
+    y: Tensor
+    batches: list[Tensor]  # each step's sample indices
+    inputs: list[Tensor] | None  # each step's augmented inputs (``transform``), else None
+    optimizer: str
+    lr: float  # times the round's lr factor
+    momentum: float
+    weight_decay: float
+    max_norm: float | None  # train.grad_clip
+    rng: Tensor  # torch's CPU RNG state after the batches were drawn
+
+    def key(self) -> tuple:
+        """What requests trained together share."""
+        shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in self.start.items())
+        hyper = (self.optimizer, self.lr, self.momentum, self.weight_decay, self.max_norm)
+        return (type(self.model), shapes, self.trainable, self.loss.fn, self.loss.static, hyper)
+
+
+@dataclass(frozen=True)
+class Done:
+    """A training call's outcome: the module's state after the steps, the mean loss, and
+    torch's RNG state after the batches were drawn."""
+
+    weights: Weights
+    loss: float
+    rng: Tensor
+
+
+class Tape:
+    """:func:`~pflkit.algorithms.blocks.training.local_sgd`'s stand-in for one client: calls
+    already done are answered from ``done``, the next one is recorded (``request``) and stops
+    the update (:class:`Pending`)."""
+
+    def __init__(self, done: list[Done]):
+        self.done = done
+        self.calls = 0
+        self.request: Request | None = None
+
+    def __call__(
+        self,
+        model: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        *,
+        epochs: int,
+        batch_size: int,
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        loss_fn: Callable = cross_entropy,
+        params: Sequence[Tensor] | None = None,
+        steps: int | None = None,
+        grad_hooks: Sequence[Callable] = (),
+        transform: Callable[[Tensor], Tensor] | None = None,
+        optim: LocalOptim = PLAIN_SGD,
+    ) -> float:
+        model.train()
+        i, self.calls = self.calls, self.calls + 1
+        if i < len(self.done):
+            d = self.done[i]
+            set_weights(model, d.weights)
+            torch.set_rng_state(d.rng)
+            return d.loss
+        names = {id(p): k for k, p in model.named_parameters()}
+        chosen = model.parameters() if params is None else params
+        trainable = tuple(sorted(names[id(p)] for p in chosen))
+        n = len(y)
+        if steps is None:
+            steps = epochs * steps_per_epoch(n, batch_size, optim.drop_last)
+        batches, inputs = [], None if transform is None else []
+        for idx in batch_indices(n, batch_size, steps, optim.drop_last, x.device):
+            batches.append(idx)
+            if inputs is not None:
+                inputs.append(transform(x[idx]))
+        self.request = Request(
+            model=model,
+            start={k: v.detach().clone() for k, v in model.state_dict().items()},
+            trainable=trainable,
+            loss=_stackable(loss_fn),
+            x=x,
+            y=y,
+            batches=batches,
+            inputs=inputs,
+            optimizer=optim.optimizer,
+            lr=lr * optim.lr_factor,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            max_norm=_max_norm(grad_hooks),
+            rng=torch.get_rng_state(),
+        )
+        raise Pending
+
+
+def _stackable(loss_fn: Callable) -> StackableLoss:
+    if loss_fn is cross_entropy:
+        return StackableLoss(_cross_entropy, {})
+    if isinstance(loss_fn, StackableLoss):
+        return loss_fn
+    raise RuntimeError(
+        f"the vectorised engine needs cross_entropy or a StackableLoss, got {loss_fn!r}: an "
+        "algorithm that declares vectorize = True must pass one"
+    )
+
+
+def _max_norm(hooks: Sequence[Callable]) -> float | None:
+    norms = [h.max_norm for h in hooks if isinstance(h, clip_grad)]
+    if len(norms) != len(hooks) or len(norms) > 1:
+        raise RuntimeError(
+            "the vectorised engine applies train.grad_clip's clipping only, got the gradient "
+            f"hooks {list(hooks)!r}: an algorithm that declares vectorize = True must add none"
+        )
+    return norms[0] if norms else None
+
+
+# -- the cohort -------------------------------------------------------------------------------------
+
+
+def train_cohort(
+    algo: Algorithm,
+    envs: Sequence[ClientEnv],
+    jobs: Sequence[Any],
+    check: Callable[[ClientEnv, Update, Any], Update | None],
+    seed_torch: Callable[..., None],
+) -> dict[int, Update | None]:
+    """Every training job's update by client, in job order, as the per-client path computes
+    it (module docstring). ``check(env, update, ctx)`` is the per-client path's check of a
+    finished update (its non-finite metrics and uploads), ``seed_torch(*keys)`` its seeding."""
+    tapes: dict[int, list[Done]] = {job.cid: [] for job in jobs}
+    out: dict[int, Update | None] = {}
+    pending = list(jobs)
+    while pending:
+        requests: dict[int, Request] = {}
+        for job in pending:
+            env, ctx = envs[job.cid], job.ctx
+            tape = Tape(tapes[job.cid])
+            seed_torch(ctx.seed, ctx.round, job.phase_index, job.cid)
+            try:
+                update = algo.client_update(replace(env, sgd=tape), job.payload, job.state, ctx)
+            except Pending:
+                requests[job.cid] = tape.request
+                continue
+            out[job.cid] = check(env, update, ctx)
+        for cid, done in train_requests(requests).items():
+            tapes[cid].append(done)
+        pending = [job for job in pending if job.cid in requests]
+    return {job.cid: out[job.cid] for job in jobs}
+
+
+def train_requests(requests: Mapping[int, Request]) -> dict[int, Done]:
+    """The outcome of every request, those with the same :meth:`Request.key` trained as one
+    computation (at most :data:`MAX_STACK` at a time)."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for cid, req in requests.items():
+        groups[req.key()].append(cid)
+    out: dict[int, Done] = {}
+    for cids in groups.values():
+        for i in range(0, len(cids), MAX_STACK):
+            part = cids[i : i + MAX_STACK]
+            out.update(zip(part, train_stacked([requests[c] for c in part]), strict=True))
+    return out
+
+
+class _Objective(nn.Module):
+    """The loss as a module, so that ``functional_call`` swaps the model's tensors for one
+    client's: ``loss.fn(model, x, y, tensors, *loss.static)``."""
+
+    def __init__(self, model: nn.Module, loss: StackableLoss):
+        super().__init__()
+        self.model = model
+        self.fn, self.static = loss.fn, loss.static
+
+    def forward(self, x: Tensor, y: Tensor, tensors: Mapping) -> Tensor:
+        return self.fn(self.model, x, y, tensors, *self.static)
+
+
+def stack(trees: Sequence[Any]) -> Any:
+    """The clients' dicts of tensors (nested) stacked leaf by leaf along a new first dim."""
+    first = trees[0]
+    if isinstance(first, Mapping):
+        return {k: stack([t[k] for t in trees]) for k in first}
+    return torch.stack(list(trees))
+
+
+def _take(tree: dict[str, Tensor], idx: Tensor | None) -> dict[str, Tensor]:
+    return tree if idx is None else {k: v[idx] for k, v in tree.items()}
+
+
+def _put(tree: dict[str, Tensor], idx: Tensor | None, new: dict[str, Tensor]) -> None:
+    for k, v in new.items():
+        if idx is None:
+            tree[k] = v
+        else:
+            tree[k][idx] = v
+
+
+def train_stacked(reqs: Sequence[Request]) -> list[Done]:
+    """Train requests of one :meth:`Request.key` together (module docstring)."""
+    r0 = reqs[0]
+    model = r0.model.train()
+    objective = _Objective(model, r0.loss)
+    param_names = {k for k, _ in model.named_parameters()}
+    state = {k: torch.stack([r.start[k] for r in reqs]) for k in r0.start}
+    train = {k: state[k] for k in r0.trainable}
+    frozen = {k: state[k] for k in param_names if k not in train}
+    buffers = {k: v for k, v in state.items() if k not in param_names}
+    tensors = stack([r.loss.tensors for r in reqs])
+    opt = FunctionalOptimizer(r0, train)
+
+    def client_loss(train, frozen, buffers, x, y, tensors):
+        buffers = {k: v.clone() for k, v in buffers.items()}  # BatchNorm updates them in place
+        swapped = {f"model.{k}": v for d in (train, frozen, buffers) for k, v in d.items()}
+        loss = functional_call(objective, swapped, (x, y, tensors))
+        return loss, (loss.detach(), buffers)
+
+    step = vmap(grad(client_loss, has_aux=True))
+    device = r0.x.device
+    # every client's inputs and labels of the whole call in step order, gathered once: a
+    # step's batch is then a view (one gather per client, not one per client and step)
+    xs = [r.x[_order(r)] if not r.inputs else torch.cat(r.inputs) for r in reqs]
+    ys = [r.y[_order(r)] for r in reqs]
+    ends = [list(itertools.accumulate(len(b) for b in r.batches)) for r in reqs]
+    total = torch.zeros(len(reqs), device=device)
+    counts = [len(r.batches) for r in reqs]
+    everyone = list(range(len(reqs)))
+    for s in range(max(counts)):
+        by_size: dict[int, list[int]] = defaultdict(list)  # the step mask, by batch size
+        for i in everyone:
+            if s < counts[i]:
+                by_size[len(reqs[i].batches[s])].append(i)
+        for size, members in by_size.items():
+            idx = None if members == everyone else torch.tensor(members, device=device)
+            x = torch.stack([xs[i][ends[i][s] - size : ends[i][s]] for i in members])
+            y = torch.stack([ys[i][ends[i][s] - size : ends[i][s]] for i in members])
+            grads, (loss, new_buffers) = step(
+                _take(train, idx), _take(frozen, idx), _take(buffers, idx), x, y,
+                _take_tree(tensors, idx),
+            )  # fmt: skip
+            _put(train, idx, opt.step(_take(train, idx), grads, idx, s + 1))
+            _put(buffers, idx, new_buffers)
+            if idx is None:
+                total += loss
+            else:
+                total[idx] += loss
+    final = {**train, **frozen, **buffers}
+    losses = (total / torch.tensor([max(c, 1) for c in counts], device=device)).tolist()
+    return [Done({k: final[k][i] for k in r.start}, losses[i], r.rng) for i, r in enumerate(reqs)]
+
+
+def _order(req: Request) -> Tensor:
+    """The request's sample indices of every step, in step order."""
+    if not req.batches:
+        return torch.zeros(0, dtype=torch.long, device=req.y.device)
+    return torch.cat(req.batches)
+
+
+def _take_tree(tree: Any, idx: Tensor | None) -> Any:
+    if idx is None:
+        return tree
+    if isinstance(tree, Mapping):
+        return {k: _take_tree(v, idx) for k, v in tree.items()}
+    return tree[idx]
+
+
+class FunctionalOptimizer:
+    """torch's SGD (momentum, weight decay), Adam and AdamW update rules on stacked parameters,
+    each client with its own moments; ``train.grad_clip`` clips each client's gradient to its
+    own global norm first (torch's ``clip_grad_norm_``)."""
+
+    BETAS = (0.9, 0.999)  # torch's defaults, which make_optimizer keeps
+    EPS = 1e-8
+
+    def __init__(self, req: Request, params: dict[str, Tensor]):
+        self.kind, self.lr = req.optimizer, req.lr
+        self.momentum, self.wd, self.max_norm = req.momentum, req.weight_decay, req.max_norm
+        zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+        self.moments: list[dict[str, Tensor]] = []
+        if self.kind in ("adam", "adamw"):
+            self.moments = [zeros, {k: v.clone() for k, v in zeros.items()}]
+        elif self.momentum:
+            self.moments = [zeros]
+
+    def step(
+        self, params: dict[str, Tensor], grads: dict[str, Tensor], idx: Tensor | None, t: int
+    ) -> dict[str, Tensor]:
+        """The parameters after step ``t`` (1-based, the same for every client stepping) of
+        the clients ``idx`` (None: all), given their gradients."""
+        if self.max_norm is not None:
+            grads = clipped(grads, self.max_norm)
+        moments = [_take(m, idx) for m in self.moments]
+        if self.kind == "sgd":
+            new = self._sgd(params, grads, moments)
+        else:
+            new = self._adam(params, grads, moments, t)
+        for m, mine in zip(self.moments, moments, strict=True):
+            _put(m, idx, mine)
+        return new
+
+    def _sgd(self, params, grads, moments):
+        out = {}
+        for k, p in params.items():
+            g = grads[k]
+            if self.wd:
+                g = g.add(p, alpha=self.wd)
+            if self.momentum:  # torch: buf = g at the first step, then buf * momentum + g
+                moments[0][k] = g = moments[0][k].mul(self.momentum).add(g)
+            out[k] = p.add(g, alpha=-self.lr)
+        return out
+
+    def _adam(self, params, grads, moments, t):
+        b1, b2 = self.BETAS
+        step_size = self.lr / (1 - b1**t)
+        bc2_sqrt = (1 - b2**t) ** 0.5
+        out = {}
+        for k, p in params.items():
+            g = grads[k]
+            if self.wd and self.kind == "adamw":
+                p = p.mul(1 - self.lr * self.wd)
+            elif self.wd:
+                g = g.add(p, alpha=self.wd)
+            m = moments[0][k] = moments[0][k].lerp(g, 1 - b1)
+            v = moments[1][k] = moments[1][k].mul(b2).addcmul(g, g, value=1 - b2)
+            out[k] = p.addcdiv(m, (v.sqrt() / bc2_sqrt).add(self.EPS), value=-step_size)
+        return out
+
+
+def clipped(grads: dict[str, Tensor], max_norm: float) -> dict[str, Tensor]:
+    """Each client's gradients scaled to global L2 norm at most ``max_norm``, as
+    ``torch.nn.utils.clip_grad_norm_`` scales one client's (coefficient max_norm / (norm +
+    1e-6), at most 1)."""
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()], 1).norm(dim=1)
+    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    return {k: g * coef.view(-1, *([1] * (g.dim() - 1))) for k, g in grads.items()}
+
+
+# -- batched evaluation -----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def batched_accuracy(
+    model: nn.Module,
+    weights: dict[str, Tensor],
+    splits: Sequence[tuple[Tensor, Tensor]],
+    batch_size: int,
+) -> list[float]:
+    """The accuracy of each client's stacked ``weights`` (loaded into ``model``'s architecture,
+    eval mode) on its own ``(x, y)`` of ``splits``: one vmapped forward per chunk of at most
+    ``batch_size`` samples of every client; a client with fewer samples left is padded with
+    its last one, not counted (eval mode: every sample's logits are its own)."""
+    model.eval()
+    forward = vmap(lambda w, x: functional_call(model, w, (x,)))
+    sizes = [len(y) for _, y in splits]
+    device = splits[0][1].device
+    hits = torch.zeros(len(splits), device=device)
+    for start in range(0, max(sizes, default=0), batch_size):
+        members = [i for i, n in enumerate(sizes) if n > start]
+        b = min(batch_size, max(sizes[i] for i in members) - start)
+        rows = start + torch.arange(b, device=device)
+        picks = [rows.clamp(max=sizes[i] - 1) for i in members]
+        x = torch.stack([splits[i][0][r] for i, r in zip(members, picks, strict=True)])
+        y = torch.stack([splits[i][1][r] for i, r in zip(members, picks, strict=True)])
+        valid = rows[None, :] < torch.tensor([sizes[i] for i in members], device=device)[:, None]
+        idx = torch.tensor(members, device=device)
+        logits = forward(_take(weights, idx), x)
+        hits[idx] += ((logits.argmax(-1) == y) & valid).sum(1).to(hits.dtype)
+    return [h / max(n, 1) for h, n in zip(hits.tolist(), sizes, strict=True)]
+
+
+def evaluate_cohort(
+    algo: Algorithm,
+    envs: Sequence[ClientEnv],
+    jobs: Sequence[Any],
+    scored_weights: Callable[..., Weights | None],
+    one: Callable[[Any], dict[str, float]],
+) -> dict[int, dict[str, float]]:
+    """Every evaluation job's accuracies by client, in job order. ``scored_weights(job)``: the
+    weights the job's client is scored with where the default scoring model scores them (else
+    None); ``one(job)``: the per-client path's evaluation."""
+    out: dict[int, dict[str, float]] = {}
+    groups: dict[tuple, list[tuple[int, Weights]]] = defaultdict(list)
+    for job in jobs:
+        weights = scored_weights(job)
+        if weights is None:
+            out[job.cid] = one(job)
+            continue
+        env = envs[job.cid]
+        shapes = tuple((k, tuple(v.shape)) for k, v in weights.items())
+        groups[(env.arch, shapes)].append((job.cid, weights))
+    for members in groups.values():
+        for i in range(0, len(members), MAX_STACK):
+            part = members[i : i + MAX_STACK]
+            model = envs[part[0][0]].model()
+            stacked = stack([w for _, w in part])
+            batch = jobs[0].batch_size
+            data = [envs[cid].data for cid, _ in part]
+            test = batched_accuracy(model, stacked, [(d.test_x, d.test_y) for d in data], batch)
+            for (cid, _), acc in zip(part, test, strict=True):
+                out[cid] = {"test": acc}
+            with_val = [(j, d) for j, d in enumerate(data) if d.val_y is not None]
+            if with_val:
+                sub = {k: v[[j for j, _ in with_val]] for k, v in stacked.items()}
+                val = batched_accuracy(model, sub, [(d.val_x, d.val_y) for _, d in with_val], batch)
+                for (j, _), acc in zip(with_val, val, strict=True):
+                    out[part[j][0]]["val"] = acc
+    return {job.cid: out[job.cid] for job in jobs}

@@ -1,0 +1,234 @@
+"""engine.vectorize (pflkit.engine.vectorized): the cohort trained and scored as one batched
+computation equals the per-client path within float tolerance, after one step and after one
+round, for every covered algorithm; its optimisers equal torch's; what it cannot run is refused
+in one sentence."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from pflkit.algorithms.blocks.training import StackableLoss
+from pflkit.engine.clients import InProcess, ProcessPool, make_runner
+from pflkit.engine.simulation import Simulation
+from pflkit.engine.vectorized import FunctionalOptimizer, Request, covered
+from pflkit.errors import PflkitError
+from pflkit.experiment import validate
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+COVERED = ["ditto", "fedavg", "fedbn", "fedper", "fedprox", "fedrep", "local", "pfedsim"]
+# FedRep: one head epoch, so that "one step" is one step of each of its two training calls;
+# pFedSim: warm-up of one round of two, so round 2 mixes extractors by similarity
+PARAMS = {"fedrep": {"head_epochs": 1}, "pfedsim": {"warmup_ratio": 0.5}}
+ONE_STEP = {"batch_size": 100_000}  # a whole client's split per batch: one step per epoch
+
+
+def test_the_covered_list_is_the_declared_one():
+    assert covered() == COVERED
+
+
+def run(raw: dict, vectorize: bool, rounds: int = 2, runner=None):
+    """The rows, the client states and the server state after ``rounds`` rounds."""
+    raw = {**raw, "engine": {**raw.get("engine", {}), "vectorize": vectorize}}
+    cfg = validate(raw)
+    with Simulation(cfg, runner=runner) as sim:
+        assert sim.runner.vectorize == vectorize
+        rows = [sim.run_round(r) for r in range(1, rounds + 1)]
+        states = {c: sim.client_state(c) for c in range(cfg.data.num_clients)}
+        return rows, states, sim.server
+
+
+def close(a, b, path: str = "") -> None:
+    """``a`` equals ``b`` within float tolerance, tensors and numbers at any depth."""
+    if isinstance(a, torch.Tensor):
+        assert a.shape == b.shape and a.dtype == b.dtype, path
+        if a.is_floating_point():
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=path)
+        else:
+            assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            if not str(k).startswith("seconds_"):
+                close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and not math.isnan(a):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6), path
+    else:
+        assert a == b, path
+
+
+def same(raw: dict, rounds: int = 2, runner=None) -> None:
+    per_client = run(raw, False, rounds)
+    batched = run(raw, True, rounds, runner)
+    close(per_client, batched)
+
+
+@pytest.mark.parametrize("name", COVERED)
+def test_one_step_equals_the_per_client_path(name):
+    """Every training call one step (a whole split per batch): the states, the server and the
+    row (losses, every client's accuracy) after round 1, with momentum and grad_clip on."""
+    train = {**ONE_STEP, "momentum": 0.9, "grad_clip": 0.5}
+    raw = tiny_config(algorithm={"name": name, **PARAMS.get(name, {})}, train=train)
+    same(raw, rounds=1)
+
+
+@pytest.mark.parametrize("name", COVERED)
+def test_two_rounds_equal_the_per_client_path(name):
+    """Two rounds of mini-batches on clients of unequal sizes (Dirichlet 0.5: the step mask
+    stops the small ones first; each epoch's last batch is short), 3 of 4 clients a round,
+    SGD with momentum and weight decay, grad_clip: the same states, server and rows."""
+    train = {"client_fraction": 0.75, "momentum": 0.5, "weight_decay": 1e-3, "grad_clip": 1.0}
+    raw = tiny_config(algorithm={"name": name, **PARAMS.get(name, {})}, train=train)
+    same(raw)
+
+
+def test_adam_batchnorm_augmentation_and_stragglers():
+    """LeNet5-BN on Fashion-MNIST images (per-client BatchNorm statistics), crop-flip batches
+    (each client's augmentation drawn from its own stream), Adam with weight decay, a cosine lr
+    schedule, drop_last and stragglers (fewer steps: the step mask). Adam's weight decay is on:
+    without it, the biases of the convolutions before BatchNorm, whose gradient is 0 up to
+    rounding, take steps of about lr in the direction of their rounding noise, which differs
+    between the two paths (a direction the model's outputs do not depend on)."""
+    raw = tiny_config(
+        data={"dataset": "fashion_mnist", "subset": 400},
+        model={"name": "lenet5_bn", "options": {}},
+        algorithm={"name": "fedavg"},
+        train={
+            "batch_size": 32,
+            "lr": 0.01,
+            "optimizer": "adam",
+            "weight_decay": 0.01,
+            "lr_schedule": "cosine",
+            "augment": "crop_flip",
+            "drop_last": True,
+        },
+        system={"stragglers": 0.5},
+    )
+    same(raw)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "ditto", "fedrep"])
+def test_adamw_equals_the_per_client_path(name):
+    train = {"optimizer": "adamw", "weight_decay": 0.05, "lr": 0.01, "drop_last": True}
+    raw = tiny_config(algorithm={"name": name, **PARAMS.get(name, {})}, train=train)
+    same(raw)
+
+
+def test_two_vectorised_workers_equal_the_per_client_path():
+    """A process pool whose two workers each train their share of the cohort as one
+    computation gives what one process gives client by client."""
+    raw = tiny_config(algorithm={"name": "ditto"}, train={"momentum": 0.5})
+    cfg = validate({**raw, "engine": {"workers": 2, "vectorize": True}})
+    runner = make_runner(cfg)
+    assert isinstance(runner, ProcessPool) and runner.vectorize
+    same(raw, runner=runner)
+
+
+# -- the functional optimisers against torch's -----------------------------------------------------
+
+
+def _request(optimizer: str, momentum: float, wd: float, max_norm: float | None) -> Request:
+    loss = StackableLoss(lambda *a: None, {})
+    x = torch.zeros(1)
+    return Request(
+        torch.nn.Linear(1, 1), {}, (), loss, x, x, [], None, optimizer, 0.05, momentum, wd,
+        max_norm, torch.get_rng_state(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "optimizer,momentum,wd,max_norm",
+    [("sgd", 0.0, 0.0, None), ("sgd", 0.9, 0.01, 0.3), ("adam", 0.0, 0.01, None),
+     ("adamw", 0.0, 0.1, 0.3)],
+)  # fmt: skip
+def test_functional_optimiser_equals_torchs_with_a_step_mask(optimizer, momentum, wd, max_norm):
+    """Three clients, four steps of random gradients; client 1 stops after step 2 (the mask):
+    each client's parameters equal those of torch's own optimiser (and clip_grad_norm_) run
+    on that client alone for its steps."""
+    gen = torch.Generator().manual_seed(0)
+    start = {"w": torch.randn(3, 4, 2, generator=gen), "b": torch.randn(3, 2, generator=gen)}
+    grads = [{k: torch.randn(v.shape, generator=gen) for k, v in start.items()} for _ in range(4)]
+    steps = [4, 2, 4]
+    opt = FunctionalOptimizer(_request(optimizer, momentum, wd, max_norm), start)
+    params = {k: v.clone() for k, v in start.items()}
+    for t in range(4):
+        members = [i for i in range(3) if t < steps[i]]
+        idx = None if len(members) == 3 else torch.tensor(members)
+        sub = {k: v if idx is None else v[idx] for k, v in params.items()}
+        g = {k: v if idx is None else v[idx] for k, v in grads[t].items()}
+        new = opt.step(sub, g, idx, t + 1)
+        for k in params:
+            if idx is None:
+                params[k] = new[k]
+            else:
+                params[k][idx] = new[k]
+    for i in range(3):
+        mine = [start[k][i].clone().requires_grad_() for k in ("w", "b")]
+        kind = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+        extra = {"momentum": momentum} if optimizer == "sgd" else {}
+        ref = kind[optimizer](mine, lr=0.05, weight_decay=wd, **extra)
+        for t in range(steps[i]):
+            for p, k in zip(mine, ("w", "b"), strict=True):
+                p.grad = grads[t][k][i].clone()
+            if max_norm is not None:
+                torch.nn.utils.clip_grad_norm_(mine, max_norm)
+            ref.step()
+        for p, k in zip(mine, ("w", "b"), strict=True):
+            torch.testing.assert_close(params[k][i], p.detach(), rtol=1e-6, atol=1e-7)
+
+
+# -- refusals and auto ------------------------------------------------------------------------------
+
+
+def test_auto_is_the_per_client_path_on_cpu():
+    cfg = validate(tiny_config())
+    assert cfg.engine.vectorize == "auto"
+    runner = make_runner(cfg)
+    assert isinstance(runner, InProcess) and not runner.vectorize
+
+
+def test_an_uncovered_algorithm_is_refused_in_one_sentence():
+    cfg = validate(tiny_config(algorithm={"name": "scaffold"}, engine={"vectorize": True}))
+    with pytest.raises(PflkitError) as err:
+        make_runner(cfg)
+    msg = str(err.value)
+    assert msg.startswith("algorithm 'scaffold' does not support engine.vectorize: true")
+    assert "covered: ditto, fedavg, fedbn" in msg and msg.endswith("set engine.vectorize: false")
+    assert msg.count(". ") == 0
+    # auto runs it per client, quietly
+    auto = validate(tiny_config(algorithm={"name": "scaffold"}, engine={"vectorize": "auto"}))
+    assert not make_runner(auto).vectorize
+
+
+def test_dp_sgd_and_dropout_models_are_refused():
+    dp = {"sample_dp": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}}
+    cfg = validate(tiny_config(privacy=dp, engine={"vectorize": True}))
+    with pytest.raises(PflkitError, match="privacy.sample_dp.*set engine.vectorize: false"):
+        make_runner(cfg)
+    raw = tiny_config(
+        data={"dataset": "fashion_mnist", "subset": 400},
+        model={"name": "fedproto_cnn", "options": {}},
+        engine={"vectorize": True},
+    )
+    with pytest.raises(PflkitError, match="model 'fedproto_cnn' has dropout layers"):
+        Simulation(validate(raw))
+
+
+def test_the_cli_refuses_in_one_sentence_and_writes_nothing(cli, tmp_path):
+    import yaml
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config()))
+    args = ("--set", "algorithm.name=scaffold", "--set", "engine.vectorize=true")
+    r = cli("run", "c.yaml", *args, "--out", "bad", cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "algorithm 'scaffold' does not support engine.vectorize: true" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
