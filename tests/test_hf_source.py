@@ -158,6 +158,30 @@ def test_the_fingerprint_tells_two_datasets_at_one_path_apart(tmp_path):
     assert load_source("hf", path=str(folder)).fingerprint != first
 
 
+def test_a_changed_dataset_at_one_path_gets_its_own_partition(tmp_path):
+    """The partition cache's key holds the source's fingerprint: the same config on other
+    labels at the same path is partitioned anew, not read from the first one's cache."""
+    from pflkit.data.federated import build_federated
+    from pflkit.data.sources import clear_cache
+    from pflkit.experiment import validate
+
+    folder, _ = _image_dict(tmp_path, "L", 40, 8)
+    cfg = validate(
+        tiny_config(data={"dataset": "hf", "options": {"path": str(folder)}, "num_clients": 2})
+    ).data
+    first = build_federated(cfg)
+    clear_cache()
+    features = datasets.Features(
+        {"img": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)}
+    )
+    images, _ = _images(np.random.default_rng(4), 40, "L")
+    datasets.Dataset.from_dict(
+        {"img": images, "label": [0] * 20 + [1] * 20}, features=features
+    ).save_to_disk(str(folder))
+    second = build_federated(cfg)
+    assert second.partition_id != first.partition_id
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
