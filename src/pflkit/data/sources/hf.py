@@ -9,7 +9,9 @@ Options (``data.options``), exactly one of ``path`` and ``dataset``:
 ``dataset`` (with ``config``, ``cache_dir``)
     A Hub name such as ``uoft-cs/cifar10``, read with ``datasets.load_dataset(dataset, config,
     cache_dir=cache_dir)``: from the cache when it holds the dataset (set
-    ``HF_DATASETS_OFFLINE=1`` to never touch the network), else downloaded into it.
+    ``HF_DATASETS_OFFLINE=1`` to never touch the network), else downloaded into it
+    (``data.download`` and ``data.root`` do not apply: the ``datasets`` library and its
+    cache do the finding and the downloading).
 ``split``, ``test_split``
     The training split (default ``train``) and the official test split (default ``test``;
     ``null`` for none). A test split the dataset does not have is no error: the source then
