@@ -178,3 +178,12 @@ def test_an_unknown_partitioner_through_the_cli_lists_the_known_ones(tmp_path, c
     )
     assert "DirichletPartitioner, DistributionPartitioner" in known
     assert not (tmp_path / "never").exists()
+
+
+def test_list_shows_both_with_their_install_hint_unmangled(cli, tmp_path):
+    """Descriptions are printed as text: rich would eat ``[hf]`` as a markup tag."""
+    r = cli("list", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for name in ("hf", "flwr"):
+        line = next(x for x in r.stdout.splitlines() if x.split()[:1] == [name])
+        assert line.endswith("pip install 'pflkit[hf]'"), line

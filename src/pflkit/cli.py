@@ -920,7 +920,7 @@ def list_(
         out_console.print(f"[bold]{title}[/bold]")
         width = max(map(len, items))
         for name in sorted(items):
-            out_console.print(f"  {name:<{width}}  {items[name]}", highlight=False)
+            out_console.print(f"  {name:<{width}}  {items[name]}", highlight=False, markup=False)
 
 
 examples = typer.Typer(
@@ -942,7 +942,7 @@ def examples_list(ctx: typer.Context) -> None:
     items = bundled()
     width = max(map(len, items))
     for name, description in items.items():
-        out_console.print(f"{name:<{width}}  {description}", highlight=False)
+        out_console.print(f"{name:<{width}}  {description}", highlight=False, markup=False)
 
 
 @examples.command("copy")
@@ -953,7 +953,7 @@ def examples_copy(
     """Copy one bundled example config into DIRECTORY, to edit and run."""
     from pflkit.examples import copy_example
 
-    out_console.print(f"wrote {copy_example(name, directory)}", highlight=False)
+    out_console.print(f"wrote {copy_example(name, directory)}", highlight=False, markup=False)
 
 
 def _show_params(name: str) -> None:
