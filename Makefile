@@ -1,10 +1,11 @@
-# The README's quick start uses `make demo` and `make test`; .ci/run uses `make test`.
+# The README's quick start uses `make demo` and `make test`; .ci/run uses `make test` and
+# `make wheel-check`.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test wheel-check bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,11 @@ demo: $(STAMP)
 # own subprocesses, and the idle time of the process tests (Flower, signals) is filled
 test: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist worksteal
+
+# the wheel alone: built, installed into a fresh venv outside the repository, run from a
+# folder without pflkit's source on the bundled digits data (.ci/wheel-check says what it checks)
+wheel-check: $(STAMP)
+	.ci/wheel-check $(PY) $(PYTHON)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_fedavg.py

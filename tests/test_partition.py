@@ -39,11 +39,13 @@ CASES = [
     ("natural", {"select": "random"}, 12, False),
     ("dirichlet_clients", {"alpha": 0.3}, 20, True),
     ("quantity", {"beta": 0.5}, 20, True),
+    ("flwr", {"partitioner": "DirichletPartitioner", "alpha": 0.3}, 20, True),
+    ("flwr", {"partitioner": "ShardPartitioner", "num_shards_per_partition": 2}, 20, True),
 ]
 
 
 def _run(name, labels, groups, num_clients, seed, params):
-    g = groups if name == "natural" else None
+    g = groups if name in ("natural", "flwr") else None
     return partition(name, labels, num_clients, seed, groups=g, **params)
 
 

@@ -107,6 +107,7 @@ def test_registry_names_and_descriptions():
         "har",
         "ag_news",
         "amazon_review",
+        "hf",
     }
     assert set(SOURCES) == expected
     for key, info in SOURCES.items():

@@ -4,7 +4,7 @@ honest evaluation.
 Python API in three lines::
 
     from pflkit import load_config, run_experiment
-    cfg = load_config("configs/quickstart.yaml", ["train.rounds=5"])
+    cfg = load_config("quickstart", ["train.rounds=5"])   # a bundled example, or a YAML path
     result = run_experiment(cfg)          # RunResult(run_dir, summary, rows)
 
 Grids and results: ``run_sweep(cfg, out)``, ``make_report(folder)`` (its ``.markdown()``, ``.csv()``, ``.latex()``, ``.write(dir)``) and

@@ -11,7 +11,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 
@@ -49,7 +48,11 @@ def _root(
 
 
 ConfigArg = Annotated[
-    Path | None, typer.Argument(help="Experiment config (YAML).", show_default=False)
+    Path | None,
+    typer.Argument(
+        help="Experiment config (YAML), or the name of a bundled example (`pflkit examples`).",
+        show_default=False,
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,
@@ -121,6 +124,7 @@ SelectOpt = Annotated[
 
 @app.command()
 def run(
+    ctx: typer.Context,
     config: ConfigArg = None,
     set_: SetOpt = None,
     imports: ImportOpt = None,
@@ -150,7 +154,6 @@ def run(
             ) from None
     else:
         if config is None:
-            ctx = click.get_current_context()
             print(ctx.get_help())
             raise PflkitError(
                 "pflkit run needs a CONFIG file (e.g. configs/quickstart.yaml) or --resume DIR"
@@ -917,7 +920,40 @@ def list_(
         out_console.print(f"[bold]{title}[/bold]")
         width = max(map(len, items))
         for name in sorted(items):
-            out_console.print(f"  {name:<{width}}  {items[name]}", highlight=False)
+            out_console.print(f"  {name:<{width}}  {items[name]}", highlight=False, markup=False)
+
+
+examples = typer.Typer(
+    help="The example configs bundled with pflkit: list them, copy one to edit.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+app.add_typer(examples, name="examples")
+
+
+@examples.callback()
+def examples_list(ctx: typer.Context) -> None:
+    """List the example configs bundled with pflkit (name and description). Any command that
+    takes a CONFIG takes a name too: pflkit run quickstart_digits."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from pflkit.examples import examples as bundled
+
+    items = bundled()
+    width = max(map(len, items))
+    for name, description in items.items():
+        out_console.print(f"{name:<{width}}  {description}", highlight=False, markup=False)
+
+
+@examples.command("copy")
+def examples_copy(
+    name: Annotated[str, typer.Argument(help="The example's name (`pflkit examples`).")],
+    directory: Annotated[Path, typer.Argument(help="Folder to copy it into (created if missing).")],
+) -> None:
+    """Copy one bundled example config into DIRECTORY, to edit and run."""
+    from pflkit.examples import copy_example
+
+    out_console.print(f"wrote {copy_example(name, directory)}", highlight=False, markup=False)
 
 
 def _show_params(name: str) -> None:
@@ -1216,6 +1252,11 @@ def _stopped_at_once() -> None:
     sys.exit(143 if terminated() else 130)
 
 
+def _is_usage_error(err: Exception) -> bool:
+    """Whether ``err`` is a click ``ClickException`` (a usage error with its own message)."""
+    return any(c.__name__ == "ClickException" for c in type(err).__mro__) and hasattr(err, "show")
+
+
 def main() -> None:
     try:
         # with standalone_mode=False, click returns the code of an Exit instead of exiting;
@@ -1232,9 +1273,9 @@ def main() -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except Exception as err:  # click usage errors
-        import click
-
-        if isinstance(err, click.ClickException):
+        # a ClickException of the click that typer runs on: the click package (typer 0.20)
+        # or typer's own copy of it (typer 0.27 installs no click), so not matched by class
+        if _is_usage_error(err):
             err.show()
             sys.exit(err.exit_code)
         raise

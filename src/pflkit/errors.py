@@ -28,13 +28,16 @@ class RunInterrupted(PflkitError):
         return (type(self), (str(self), self.signal))
 
 
-def unknown_name(kind: str, name: str, known: Iterable[str]) -> PflkitError:
-    """Error for an unknown registry name, suggesting the closest known one."""
+def unknown_name(
+    kind: str, name: str, known: Iterable[str], listing: str = "pflkit list"
+) -> PflkitError:
+    """Error for an unknown registry name, suggesting the closest known one; ``listing`` is
+    the command that shows every name."""
     known = sorted(known)
     close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
     hint = f"did you mean '{close[0]}'?" if close else f"choose one of: {', '.join(known)}."
     shown = str(name) if str(name).isprintable() else repr(str(name))[1:-1]  # one line, always
-    return PflkitError(f"unknown {kind} '{shown}': {hint} (`pflkit list` shows all)")
+    return PflkitError(f"unknown {kind} '{shown}': {hint} (`{listing}` shows all)")
 
 
 _TERMINATED: list[str] = []  # set once SIGTERM arrived through sigterm_as_interrupt's handler

@@ -16,6 +16,7 @@ from typing import Any
 
 from pflkit.config import ExperimentConfig, apply_overrides, parse, read_yaml, select_algorithms
 from pflkit.errors import PflkitError
+from pflkit.examples import resolve
 
 
 def validate(raw: dict[str, Any]) -> ExperimentConfig:
@@ -40,10 +41,12 @@ def load_config(
     plugins: list[str] | None = None,
     algorithms: str | None = None,
 ) -> ExperimentConfig:
-    """Read a YAML config (or start from defaults), apply overrides, add ``plugins`` (module
-    names, e.g. from ``--import``) to its ``plugins`` list, choose ``compare.algorithms`` from
-    ``algorithms`` (``--algorithms``; :func:`pflkit.config.select_algorithms`), validate."""
-    raw = apply_overrides(read_yaml(path) if path is not None else {}, overrides or [])
+    """Read a YAML config (``path``: a file, or the name of an example bundled with pflkit,
+    e.g. ``"quickstart"``: :func:`pflkit.examples.resolve`) or start from defaults, apply
+    overrides, add ``plugins`` (module names, e.g. from ``--import``) to its ``plugins`` list,
+    choose ``compare.algorithms`` from ``algorithms`` (``--algorithms``;
+    :func:`pflkit.config.select_algorithms`), validate."""
+    raw = apply_overrides(read_yaml(resolve(path)) if path is not None else {}, overrides or [])
     if algorithms:
         raw = select_algorithms(raw, algorithms)
     if plugins:

@@ -53,6 +53,9 @@ class Source:
     class_names: list[str] | None = None
     mean: tuple[float, ...] | None = None  # per-channel normalisation applied to the pixels
     std: tuple[float, ...] | None = None
+    # what identifies the data when the name and options do not (a local folder whose content
+    # may change: the hf source hashes its labels); part of the partition cache's key
+    fingerprint: str | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from pflkit.config import DataConfig
-from pflkit.data.partition import PARTITIONERS, class_table, partition
+from pflkit.data.partition import PARTITIONERS, class_table, delegated_version, partition
 from pflkit.data.sources import check_data_root, default_data_root, load_source
 from pflkit.errors import PflkitError
 
@@ -252,7 +252,12 @@ class FederatedDataset:
         return class_table(labels, parts, self.num_classes)
 
 
-def partition_key(cfg: DataConfig, seed: int, num_train: int) -> str:
+def partition_key(
+    cfg: DataConfig, seed: int, num_train: int, fingerprint: str | None = None
+) -> str:
+    """The partition cache's key: a hash of every setting the split depends on, the source's
+    ``fingerprint`` when it has one, and the version of the library that draws a delegated
+    partition (``flwr``: flwr-datasets)."""
     spec = {
         "dataset": cfg.dataset,
         "options": cfg.options,
@@ -270,6 +275,10 @@ def partition_key(cfg: DataConfig, seed: int, num_train: int) -> str:
         spec["local_test"] = "official test set"
     if _carves_public(cfg):  # the public samples were taken out before partitioning
         spec["public_carved"] = cfg.public.size
+    if fingerprint is not None:
+        spec["fingerprint"] = fingerprint
+    if (library := delegated_version(cfg.partition["name"])) is not None:
+        spec["partitioner_library"] = library
     text = json.dumps(spec, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -304,6 +313,11 @@ def _split_clients(
     if cfg.subset is not None and cfg.subset < len(keep):
         keep = keep[np.sort(rng.choice(len(keep), cfg.subset, replace=False))]
     params = {k: v for k, v in cfg.partition.items() if k != "name"}
+    if "groups" in params:  # partition() takes them from the source, as its own argument
+        raise PflkitError(
+            f"partitioner '{cfg.partition['name']}' takes its groups from the dataset's natural "
+            "owners, not from its parameters: remove 'groups' from data.partition"
+        )
     parts = partition(
         cfg.partition["name"],
         labels[keep],
@@ -399,14 +413,21 @@ def _unpack(arrays: dict[str, np.ndarray], prefix: str, n: int) -> list[np.ndarr
 
 
 def _cached_split(
-    cfg, labels, groups, seed, cache_dir: Path | None, test_labels=None, exclude=None
+    cfg,
+    labels,
+    groups,
+    seed,
+    cache_dir: Path | None,
+    test_labels=None,
+    exclude=None,
+    fingerprint: str | None = None,
 ):
     """(partition id, train, test, validation indices or None), from the cache when it holds
     a valid split (a file without validation arrays is no split with validation).
     ``test_labels``: the official test labels, given when the partitioner builds the local
     test sets (their indices then point into the test set)."""
     num_test = None if test_labels is None else len(test_labels)
-    key = partition_key(cfg, seed, len(labels))
+    key = partition_key(cfg, seed, len(labels), fingerprint)
     path = cache_dir / f"{key}.npz" if cache_dir else None
     if path and path.exists():
         try:
@@ -478,6 +499,7 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
         cache_dir,
         src.test_y.numpy() if official else None,
         public_idx if public_src is src else None,
+        src.fingerprint,
     )
 
     clients, test_x, test_y = _clients(src, train_idx, test_idx, val_idx, official)

@@ -3,7 +3,10 @@
 Every partitioner is a function ``fn(labels, num_clients, rng, **params)`` that returns one
 sorted ``int64`` array of sample indices per client. Use them through :func:`partition`, which
 validates the name, the parameters and the client count, seeds ``np.random.default_rng(seed)``
-(no global RNG anywhere) and checks the result.
+(no global RNG anywhere) and checks the result. A function that declares a ``groups`` or a
+``seed`` parameter receives the per-sample owners or the seed itself; one with ``**kwargs``
+takes any other parameter (``flwr``, which hands them to flwr-datasets:
+:mod:`pflkit.data.flwr_partition`).
 
 Guarantees, for every partitioner:
 
@@ -14,6 +17,7 @@ Guarantees, for every partitioner:
   for fewer samples). By design ``nway_kshot`` uses only a subset (FedProto's n-way k-shot
   tasks use about 6k-10k of MNIST's 60k images), and ``natural`` uses only the selected groups
   when ``num_clients`` is below the number of groups; the unused samples are returned nowhere;
+  ``flwr`` uses what its flwr-datasets partitioner gives out (every sample, for most);
 - ``dirichlet_clients`` and ``quantity`` never fail for a client count up to N / min_size
   (they are the ones for large populations: 100,000 clients in about a second), while
   ``dirichlet`` and ``incomplete`` redraw until every client is large enough and give up.
@@ -30,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from pflkit.data import flwr_partition
 from pflkit.errors import PflkitError, unknown_name
 from pflkit.registry import Registry
 
@@ -47,6 +52,9 @@ class PartitionerInfo:
     # builds each client's local test set from the official test set instead of the client's
     # own samples: (train labels, parts, test labels, **params) -> indices into the test set
     local_test: Callable[..., list[np.ndarray]] | None = None
+    # for a partitioner that delegates to a library: () -> "<library> <version>", part of the
+    # partition cache's key (another version of the library may draw other indices)
+    library: Callable[[], str] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -706,16 +714,37 @@ PARTITIONERS: Registry[PartitionerInfo] = Registry(
             nway_kshot_test,
         ),
         PartitionerInfo("natural", "one client per natural group (writer, subject)", natural),
+        PartitionerInfo(
+            "flwr",
+            "Flower Datasets' partitioners (partitioner: DirichletPartitioner, ...; their "
+            "arguments beside it), same indices as flwr-datasets; pip install 'pflkit[hf]'",
+            flwr_partition.flwr,
+            library=flwr_partition.library_version,
+        ),
     ],
 )
 
 
-def _param_names(fn: Callable[..., Any]) -> tuple[list[str], list[str]]:
-    """(all user parameters, required ones) of a partitioner function."""
+def delegated_version(name: str) -> str | None:
+    """``"<library> <version>"`` for a partitioner that delegates to a library (``flwr``),
+    else None."""
+    info = PARTITIONERS.get(name)
+    return info.library() if info is not None and info.library is not None else None
+
+
+# parameters a partitioner function declares to receive them from partition(), not the user
+_GIVEN = ("groups", "seed")
+
+
+def _param_names(fn: Callable[..., Any]) -> tuple[list[str], list[str], bool]:
+    """(all user parameters, required ones, whether it takes any other keyword: **kwargs) of
+    a partitioner function."""
     params = list(inspect.signature(fn).parameters.values())[3:]  # skip labels, clients, rng
-    names = [p.name for p in params if p.name != "groups"]
-    required = [p.name for p in params if p.default is inspect.Parameter.empty]
-    return names, required
+    var = inspect.Parameter.VAR_KEYWORD
+    named = [p for p in params if p.name not in _GIVEN and p.kind is not var]
+    names = [p.name for p in named]
+    required = [p.name for p in named if p.default is inspect.Parameter.empty]
+    return names, required, any(p.kind is var for p in params)
 
 
 def partition(
@@ -723,19 +752,27 @@ def partition(
     labels: np.ndarray,
     num_clients: int,
     seed: int,
+    /,
     groups: np.ndarray | None = None,
     **params: Any,
 ) -> list[np.ndarray]:
     """Split ``labels`` (the training labels, length N) over ``num_clients`` clients.
 
     Returns one sorted int64 index array per client. ``groups`` (per-sample owner ids) is used
-    only by ``natural``. Raises :class:`PflkitError` for an unknown partitioner or parameter, a
+    only by the partitioners that take it (``natural``, ``flwr``). Raises :class:`PflkitError` for an unknown partitioner or parameter, a
     missing required parameter, an invalid client count or invalid parameter values.
     """
     fn = PARTITIONERS.lookup(name).fn
-    names, required = _param_names(fn)
+    names, required, any_keyword = _param_names(fn)
+    for key in _GIVEN:
+        if key in params:
+            source = "data.seed" if key == "seed" else "the dataset's natural owners"
+            raise PflkitError(
+                f"partitioner '{name}' takes its {key} from {source}, not from its parameters: "
+                f"remove '{key}' from data.partition"
+            )
     for key in params:
-        if key not in names:
+        if key not in names and (not any_keyword or key in _GIVEN):
             takes = ", ".join(names) if names else "no parameters"
             raise PflkitError(f"partitioner '{name}' has no parameter '{key}'; it takes: {takes}")
     missing = [r for r in required if r not in params]
@@ -762,8 +799,8 @@ def partition(
     seed = _check_int("seed", seed)
 
     rng = np.random.default_rng(seed)
-    if name == "natural":
-        params["groups"] = groups
+    given = inspect.signature(fn).parameters
+    params |= {k: v for k, v in (("groups", groups), ("seed", seed)) if k in given}
     parts = fn(labels, num_clients, rng, **params)
 
     # Internal invariants (bugs, not user errors).

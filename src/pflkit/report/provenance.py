@@ -1,7 +1,8 @@
 """Provenance of a run: what produced it, written to ``provenance.json`` in the run folder.
 
-Versions (pflkit, torch, numpy, Python, and Flower when installed), the git commit of the pflkit
-source when it runs from a git checkout (with ``dirty`` when it has uncommitted changes), the
+Versions (pflkit's own ``pflkit.__version__``, which is also the installed wheel's version,
+torch, numpy, Python, and Flower when installed), the git commit of the pflkit source when it
+runs from a git checkout (with ``dirty`` when it has uncommitted changes), the
 machine (platform, CPU count, torch threads, the accelerator's name) and the exact command.
 A resumed run appends its own record, so the file lists every process that wrote the folder.
 """
@@ -35,8 +36,12 @@ def _git(args: list[str], cwd: Path) -> str | None:
 
 
 def git_commit() -> dict[str, Any] | None:
-    """The commit of the pflkit source tree, when it is a git checkout."""
+    """The commit of the pflkit source tree, when it is a git checkout: ``None`` for an
+    installed wheel, also one installed in a virtual environment that lies inside some other
+    git repository (pflkit's own files must be tracked by the repository found)."""
     src = Path(pflkit.__file__).resolve().parent
+    if _git(["ls-files", "--error-unmatch", "__init__.py"], src) is None:
+        return None
     commit = _git(["rev-parse", "HEAD"], src)
     if not commit:
         return None

@@ -38,7 +38,9 @@ cache; the loaders live in one module per source family, each ending with its ``
 - :mod:`~pflkit.data.sources.text`: ``ag_news``, ``amazon_review``;
 - :mod:`~pflkit.data.sources.tiny_imagenet`: ``tiny_imagenet``;
 - :mod:`~pflkit.data.sources.domainnet`: ``domainnet`` (local files only);
-- :mod:`~pflkit.data.sources.har`: ``har`` (UCI HAR).
+- :mod:`~pflkit.data.sources.har`: ``har`` (UCI HAR);
+- :mod:`~pflkit.data.sources.hf`: ``hf`` (any Hugging Face image or text classification
+  dataset, from a ``save_to_disk`` folder or the local cache).
 
 :class:`Source`, :class:`SourceInfo` and the helpers several families share live in
 :mod:`pflkit.data.base`; the family modules never import this package.
@@ -58,6 +60,7 @@ from pflkit.data.sources import (
     cifar,
     domainnet,
     har,
+    hf,
     idx,
     leaf,
     synthetic,
@@ -178,5 +181,6 @@ SOURCES: Registry[SourceInfo] = Registry(
         *tiny_imagenet.ENTRIES,
         *domainnet.ENTRIES,
         *har.ENTRIES,
+        *hf.ENTRIES,
     ],
 )

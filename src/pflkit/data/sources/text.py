@@ -88,6 +88,7 @@ __all__ = [
     "basic_english",
     "build_vocab",
     "encode",
+    "texts_to_ids",
     "tokenize_all",
 ]
 
@@ -254,6 +255,31 @@ def _ids_tensor(docs: list[list[str]], vocab: dict[str, int], max_len: int) -> t
     return torch.from_numpy(out)
 
 
+def texts_to_ids(
+    what: str,
+    train_texts: Sequence[str],
+    test_texts: Sequence[str] | None,
+    max_len: int,
+    min_freq: int = 1,
+    max_vocab: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token ids ``[N, max_len]`` (float32) of the training and test texts: :func:`tokenize_all`,
+    a vocabulary from the training texts only (:func:`build_vocab`), :func:`encode`. ``what``
+    names the data set in the error for a vocabulary larger than float32 holds exactly."""
+    train_tokens = tokenize_all(train_texts)
+    vocab = build_vocab(train_tokens, min_freq, max_vocab)
+    size = len(vocab) + 2
+    if size > FLOAT32_EXACT:
+        raise PflkitError(
+            f"the {what} vocabulary has {size} ids, more than float32 holds exactly "
+            f"({FLOAT32_EXACT}): set data.options.max_vocab or raise data.options.min_freq"
+        )
+    train_x = _ids_tensor(train_tokens, vocab, max_len)
+    del train_tokens
+    test_x = None if test_texts is None else _ids_tensor(tokenize_all(test_texts), vocab, max_len)
+    return train_x, test_x
+
+
 def _load_ag_news(
     root: Path,
     download: bool,
@@ -273,17 +299,7 @@ def _load_ag_news(
     (train_raw, train_path), (test_raw, test_path) = _ag_news_bytes(root / ds, download, mirrors_t)
     train_texts, train_y = _read_ag_csv(train_raw, train_path)
     test_texts, test_y = _read_ag_csv(test_raw, test_path)
-    train_tokens = tokenize_all(train_texts)
-    vocab = build_vocab(train_tokens, min_freq, max_vocab)
-    size = len(vocab) + 2
-    if size > FLOAT32_EXACT:
-        raise PflkitError(
-            f"the AG News vocabulary has {size} ids, more than float32 holds exactly "
-            f"({FLOAT32_EXACT}): set data.options.max_vocab or raise data.options.min_freq"
-        )
-    train_x = _ids_tensor(train_tokens, vocab, max_len)
-    del train_tokens
-    test_x = _ids_tensor(tokenize_all(test_texts), vocab, max_len)
+    train_x, test_x = texts_to_ids("AG News", train_texts, test_texts, max_len, min_freq, max_vocab)
     return Source(
         ds,
         train_x,
