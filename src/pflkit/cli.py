@@ -307,8 +307,11 @@ def _lists(set_: list[str] | None, seeds: str | None) -> list[str]:
 def _many(fn, kind: str, cfg, out: Path | None, quiet: bool, jobs: int, keep_going: bool) -> None:
     """Run a compare or sweep (``fn``) into ``out`` (default: runs/<kind>-<name>-<time>) and
     print its tables."""
+    from pflkit.engine.folder import folder_name, under
+
     if out is None:
-        out = Path(cfg.output.dir) / f"{kind}-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        name = f"{kind}-{folder_name(cfg.name)}-{datetime.now():%Y%m%d-%H%M%S}"
+        out = under(Path(cfg.output.dir) / name, cfg.output.dir, f"{kind} folder")
     res = fn(cfg, out, progress=False if quiet else None, jobs=jobs, keep_going=keep_going)
     print(res["table"])
     out_console.print(f"written to {res['out']}")
@@ -354,7 +357,7 @@ def sweep(
     extra = {}
     for item in grid or []:
         key, sep, text = item.partition("=")
-        values = parse_value(text) if sep else None
+        values = parse_value(text, "--grid") if sep else None
         if not key or not isinstance(values, list) or not values:
             raise PflkitError(
                 f"invalid --grid '{item}': write a key and a list of values, e.g. "
@@ -668,7 +671,7 @@ def similarity(
     if config is None:
         raise PflkitError("give the experiment config: pflkit analyze similarity CONFIG --out DIR")
     cfg = load_config(config, set_ or [])
-    folder = out or Path(f"similarity-{cfg.name}")
+    folder = out or _named_folder("similarity", cfg.name)
     _usable_path(folder, "output folder")
     res = similarity_study(cfg, folder, steps=steps, clients=clients)
     for m, s in res["scores"].items():
@@ -763,7 +766,7 @@ def privacy(
             "calibrated, label)"
         )
     cfg = load_config(config, _lists(set_, seeds), algorithms=algorithms)
-    folder = out or Path(f"privacy-{cfg.name}")
+    folder = out or _named_folder("privacy", cfg.name)
     _usable_path(folder, "output folder")
     common = {  # the options both studies take
         "seeds": cfg.compare.seeds if seeds else None,
@@ -817,6 +820,14 @@ def privacy(
             highlight=False,
         )
     out_console.print(f"written to {folder} (privacy.md, privacy.json, privacy.png)")
+
+
+def _named_folder(kind: str, name: str) -> Path:
+    """The default output folder of a study, ``<kind>-<name>`` in the current folder, the
+    config's name made safe (:func:`~pflkit.engine.folder.folder_name`)."""
+    from pflkit.engine.folder import folder_name, under
+
+    return under(Path(f"{kind}-{folder_name(name)}"), Path.cwd(), f"{kind} folder")
 
 
 def _client_ids(text: str, option: str) -> int | list[int]:
@@ -1213,6 +1224,19 @@ def _stopped_at_once() -> None:
     sys.exit(143 if terminated() else 130)
 
 
+def _usage_sentence(err: click.ClickException) -> str:
+    """Click's usage error as one line: its sentences (each once: typer and click both add
+    "Did you mean ...?") joined into one, and where the command's help is."""
+    import re
+
+    parts = re.split(r"(?<=[.?])\s+", " ".join(err.format_message().split()))
+    parts = [p.rstrip(".") for p in dict.fromkeys(parts) if p.rstrip(".")]
+    text = ": ".join(p[:1].lower() + p[1:] for p in parts) or type(err).__name__
+    ctx = getattr(err, "ctx", None)
+    path = ctx.command_path if ctx is not None else "pflkit"
+    return f"{path}: {text} (`{path} --help` shows how to call it)"
+
+
 def main() -> None:
     try:
         # with standalone_mode=False, click returns the code of an Exit instead of exiting;
@@ -1228,13 +1252,12 @@ def main() -> None:
         _stopped_at_once()
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except Exception as err:  # click usage errors
-        import click
-
-        if isinstance(err, click.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        raise
+    except click.exceptions.NoArgsIsHelpError as err:  # `pflkit`, `pflkit flower`: the help
+        err.show()
+        sys.exit(err.exit_code)
+    except click.ClickException as err:  # a misspelt command or option, --jobs two
+        print(f"error: {_usage_sentence(err)}", file=sys.stderr)
+        sys.exit(err.exit_code)
     if code == 130:
         _stopped_at_once()
     if isinstance(code, int) and code != 0:

@@ -41,9 +41,9 @@ from typing import Any
 import yaml
 
 from pflkit.algorithms.base import resolve_params
-from pflkit.config import ExperimentConfig, apply_overrides
+from pflkit.config import ExperimentConfig, apply_overrides, read_yaml
 from pflkit.data.federated import FederatedDataset, build_federated
-from pflkit.engine.folder import make_folder, write_atomic
+from pflkit.engine.folder import make_folder, under, write_atomic
 from pflkit.engine.runner import StopSignals, run_experiment
 from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.experiment import validate
@@ -104,7 +104,7 @@ def _claim(out: Path, cfg: ExperimentConfig) -> None:
     manifest = out / MANIFEST
     if manifest.exists():
         changed = cfg.model_dump(mode="json", exclude_defaults=True)
-        if _differs(yaml.safe_load(manifest.read_text()), identity, changed):
+        if _differs(read_yaml(manifest, "compare manifest"), identity, changed):
             raise PflkitError(
                 f"compare folder '{out}' holds a compare of another config (only engine, "
                 "output, threads and compare may change when continuing one): choose another --out"
@@ -389,7 +389,10 @@ def run_compare(
     seeds = cfg.compare.seeds
     folder = {label: label.replace("/", "_") for label, _, _ in plan}
     tasks = [
-        (run_config(cfg, algo, sets, seed), out / f"{folder[label]}-s{seed}")
+        (
+            run_config(cfg, algo, sets, seed),
+            under(out / f"{folder[label]}-s{seed}", out, "run folder"),
+        )
         for label, algo, sets in plan
         for seed in seeds
     ]  # every config is checked before anything runs

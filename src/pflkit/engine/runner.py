@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shutil
 import signal
 import sys
@@ -38,8 +37,10 @@ from pflkit.engine.folder import (
     RESUMABLE,
     FolderLock,
     fingerprint,
+    folder_name,
     keep_rows,
     make_folder,
+    under,
     write_atomic,
 )
 from pflkit.engine.simulation import Simulation
@@ -61,9 +62,11 @@ class RunResult:
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:
+    """``output.dir``/<name>-<algorithm>-s<seed>-<time>, the name made safe
+    (:func:`~pflkit.engine.folder.folder_name`) and the folder checked to lie in output.dir."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.name)
-    return Path(cfg.output.dir) / f"{slug}-{cfg.algorithm['name']}-s{cfg.seed}-{stamp}"
+    name = f"{folder_name(cfg.name)}-{folder_name(cfg.algorithm['name'])}-s{cfg.seed}-{stamp}"
+    return under(Path(cfg.output.dir) / name, cfg.output.dir, "run folder")
 
 
 def new_run_dir(cfg: ExperimentConfig, out: str | Path | None) -> Path:
