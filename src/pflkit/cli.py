@@ -58,7 +58,9 @@ SetOpt = Annotated[
     ),
 ]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Output folder.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress display, no 'downloading' lines.")
+]
 ImportOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -131,6 +133,7 @@ def run(
     quiet: QuietOpt = False,
 ) -> None:
     """Run one experiment into a run folder (config, metrics.jsonl, summary.json, plots)."""
+    _hush(quiet)
     from pflkit.engine.runner import new_run_dir, run_experiment
 
     if resume is not None:
@@ -163,6 +166,13 @@ def run(
         except KeyboardInterrupt:  # outside the round loop (which stops at a round's end)
             raise _interrupted(run_dir, existed) from None
     _show_summary(res.run_dir, res.summary)
+
+
+def _hush(quiet: bool) -> None:
+    """-q: besides the progress display, no "downloading ..." lines (the data's notices)."""
+    from pflkit.data import download
+
+    download.QUIET = quiet
 
 
 def _interrupted(run_dir: Path, existed: bool) -> RunInterrupted:
@@ -290,6 +300,7 @@ def compare(
     """Compare algorithms on one partition over several seeds: markdown table + curves.
     Into an existing compare folder of the same config it continues: finished runs are
     kept, interrupted ones resume from their checkpoints."""
+    _hush(quiet)
     from pflkit.engine.compare import run_compare
 
     cfg = load_config(config, _lists(set_, seeds), imports, algorithms)
@@ -342,6 +353,7 @@ def sweep(
     """Run a grid of settings for each algorithm over several seeds, then choose each
     algorithm's setting on validation accuracy and report its test accuracy (next to the best
     on test, labelled). Into an existing sweep folder of the same config it continues."""
+    _hush(quiet)
     import json
 
     from pflkit.config import parse_value
@@ -748,6 +760,7 @@ def privacy(
     """Attacks of a semi-honest server (CONFIG: a config, or a run folder whose config.yaml
     is retrained): GPFL's DLG study (§4.7, Table 5; --attack dlg, PSNR per target) or
     membership and label inference (--attack mia; AUC and TPR at 1% FPR per target)."""
+    _hush(quiet)
     from pflkit.analysis import privacy_study
 
     if config is None:
@@ -874,6 +887,7 @@ def features(
 ) -> None:
     """GPFL's feature maps (§4.2, Fig. 2): each client's test features under its own evaluated
     model, projected together to 2-D (colour: class, marker: client), with silhouette scores."""
+    _hush(quiet)
     from pflkit.analysis import feature_map
     from pflkit.analysis.features import OUTPUTS
 
@@ -1238,10 +1252,11 @@ def _usage_sentence(err: click.ClickException) -> str:
 
 
 def main() -> None:
+    _hush(False)  # until a command's -q says otherwise
     try:
         # with standalone_mode=False, click returns the code of an Exit instead of exiting;
         # typer turns a KeyboardInterrupt into Exit(130)
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="pflkit")
     except RunInterrupted as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(143 if err.signal == "SIGTERM" else 130)
@@ -1264,5 +1279,8 @@ def main() -> None:
         sys.exit(code)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m pflkit.cli: as the console script (pflkit.__main__)
+    from pflkit.errors import sigterm_as_interrupt
+
+    sigterm_as_interrupt()
     main()

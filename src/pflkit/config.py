@@ -658,7 +658,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         parts = key.split(".")
         if len(parts) > limit("depth"):
             raise PflkitError(
-                f"--set key {key[:40]!r}... has {len(parts)} parts, deeper than any config "
+                f"--set key {key[:40] + '...'!r} has {len(parts)} parts, deeper than any config "
                 f"(more than {limit('depth')}): check it, or raise {LIMITS['depth'][0]}"
             )
         node = raw

@@ -43,6 +43,7 @@ import yaml
 from pflkit.algorithms.base import resolve_params
 from pflkit.config import ExperimentConfig, apply_overrides, read_yaml
 from pflkit.data.federated import FederatedDataset, build_federated
+from pflkit.engine.clients import child_signals_blocked
 from pflkit.engine.folder import make_folder, under, write_atomic
 from pflkit.engine.runner import StopSignals, run_experiment
 from pflkit.errors import PflkitError, RunInterrupted
@@ -157,12 +158,12 @@ def _init_worker(stopping: Any, parent: int) -> None:
     """A job worker: out of the terminal's process group, so that a Ctrl-C reaches it once,
     through the compare; signals are ignored except while a run listens (StopSignals); it dies
     with the compare (``parent``), even when that is killed with SIGKILL."""
-    from pflkit.engine.clients import die_with_parent
+    from pflkit.engine.clients import die_with_parent, ignore_stop_signals
 
+    ignore_stop_signals()  # blocked since its start (child_signals_blocked): imports included
     global _stopping
     _stopping = stopping
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    StopSignals.announce = False  # the compare says what a signal does, once
     die_with_parent(parent)
     os.setpgrp()
 
@@ -194,6 +195,15 @@ class _PassOn(StopSignals):
             _tell_workers(signal.SIGINT)
         else:
             super()._handle(signum, frame)
+
+
+class _AtOnce(StopSignals):
+    """The report phase's signals: SIGINT and SIGTERM stop it at once (nothing is lost: the
+    runs have finished, and the same command writes the report again)."""
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signal = signal.Signals(signum).name
+        raise KeyboardInterrupt
 
 
 def _goes_on(err: BaseException | None, keep_going: bool) -> bool:
@@ -267,14 +277,16 @@ def _run_all(
         ProcessPoolExecutor(workers, ctx, _init_worker, (stopping, os.getpid())) as pool,
     ):
         pending = {}
-        for run_cfg, folder in todo:
-            solo = run_cfg.model_copy(
-                update={
-                    "threads": run_cfg.threads or 1,
-                    "engine": run_cfg.engine.model_copy(update={"workers": 1}),
-                }
-            )
-            pending[pool.submit(_job, solo.model_dump(mode="json"), str(folder))] = folder.name
+        with child_signals_blocked():  # a submit starts a worker (module docstring)
+            for run_cfg, folder in todo:
+                solo = run_cfg.model_copy(
+                    update={
+                        "threads": run_cfg.threads or 1,
+                        "engine": run_cfg.engine.model_copy(update={"workers": 1}),
+                    }
+                )
+                job = pool.submit(_job, solo.model_dump(mode="json"), str(folder))
+                pending[job] = folder.name
         while pending:
             finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for f in finished:
@@ -414,10 +426,20 @@ def run_compare(
             "(finished runs are kept, interrupted ones resume from their checkpoints)",
             getattr(err, "signal", "SIGINT"),
         ) from None
-    found, _ = find_settings([out])
-    report = build_report(found, **options)
-    report.write(out)
-    return {"table": report.markdown(), "results": report.numbers, "out": out}
+    at_once = _AtOnce()
+    try:
+        with at_once:
+            found, _ = find_settings([out])
+            report = build_report(found, **options)
+            report.write(out)
+            table = report.markdown()
+    except KeyboardInterrupt:
+        raise RunInterrupted(
+            f"interrupted while writing the report (every run has finished): run the same "
+            f"command with --out {out} to write it",
+            at_once.signal or "SIGINT",
+        ) from None
+    return {"table": table, "results": report.numbers, "out": out}
 
 
 def run_sweep(

@@ -210,6 +210,9 @@ class StopSignals:
 
     #: what the first signal is said to do
     stopping = "stopping when this round ends"
+    #: say so at once on stderr, when that is a terminal (in a log, the closing sentence is the
+    #: one line); a compare's job process never does: the compare speaks for it
+    announce = True
 
     def __init__(self) -> None:
         self.signal: str | None = None
@@ -221,11 +224,12 @@ class StopSignals:
                 raise KeyboardInterrupt
             return
         self.signal = signal.Signals(signum).name
-        print(
-            f"{self.signal} received: {self.stopping} (Ctrl-C again to stop now)",
-            file=sys.stderr,
-            flush=True,
-        )
+        if self.announce and sys.stderr.isatty():
+            print(
+                f"{self.signal} received: {self.stopping} (Ctrl-C again to stop now)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
