@@ -643,7 +643,10 @@ def config_text(text: str, what: str) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise PflkitError(f"{what} must be a mapping of sections, not a {type(raw).__name__}")
+        raise PflkitError(
+            f"{what} is not a mapping: a config must be a mapping of sections, not a "
+            f"{type(raw).__name__}"
+        )
     return raw
 
 
