@@ -18,7 +18,7 @@ import yaml
 
 from conftest import tiny_config
 
-WAIT = 240  # seconds for a marker: generous for a loaded machine; a pass takes seconds
+WAIT = 600  # seconds for a marker: generous for a loaded machine; a pass takes seconds
 
 
 def start(tmp_path: Path, *args: str, rounds: int = 400, command="compare") -> subprocess.Popen:
