@@ -17,12 +17,15 @@ Resumable: running the same compare into the same folder again skips every finis
 folder started with another config is refused. ``jobs`` > 1 runs that many whole runs at
 once, each in its own process with one client runner in-process (``engine.workers: 1``) and
 ``threads`` torch threads (default 1): the numbers equal a one-job compare at the same
-thread count. The job workers run in their own process group and hear signals only through the
-compare: SIGINT or SIGTERM to it lets no new run start and stops every running one at its
+thread count. The job workers start with SIGINT and SIGTERM blocked (so a Ctrl-C to the
+terminal's process group cannot reach them even while they import), then ignore both and move
+to their own process group: they hear signals only through the compare, and never print
+anything about one (the compare says the one sentence). SIGINT or SIGTERM to it lets no new run start and stops every running one at its
 round's end with a checkpoint (a second Ctrl-C: at once); so does a run's failure, whose error
 is then raised. With ``keep_going`` a failed run (a diverged loss, say) stops only itself: the
 others run to the end, and then one error names every failed run and why; no report is written
-until every run has finished.
+until every run has finished. A signal while the report is written stops it at once, in one
+sentence (every run has finished; the same command writes it).
 """
 
 from __future__ import annotations
