@@ -61,7 +61,9 @@ SetOpt = Annotated[
     ),
 ]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Output folder.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress display, no 'downloading' lines.")
+]
 ImportOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -135,6 +137,7 @@ def run(
     quiet: QuietOpt = False,
 ) -> None:
     """Run one experiment into a run folder (config, metrics.jsonl, summary.json, plots)."""
+    _hush(quiet)
     from pflkit.engine.runner import new_run_dir, run_experiment
 
     if resume is not None:
@@ -166,6 +169,13 @@ def run(
         except KeyboardInterrupt:  # outside the round loop (which stops at a round's end)
             raise _interrupted(run_dir, existed) from None
     _show_summary(res.run_dir, res.summary)
+
+
+def _hush(quiet: bool) -> None:
+    """-q: besides the progress display, no "downloading ..." lines (the data's notices)."""
+    from pflkit.data import download
+
+    download.QUIET = quiet
 
 
 def _interrupted(run_dir: Path, existed: bool) -> RunInterrupted:
@@ -293,6 +303,7 @@ def compare(
     """Compare algorithms on one partition over several seeds: markdown table + curves.
     Into an existing compare folder of the same config it continues: finished runs are
     kept, interrupted ones resume from their checkpoints."""
+    _hush(quiet)
     from pflkit.engine.compare import run_compare
 
     cfg = load_config(config, _lists(set_, seeds), imports, algorithms)
@@ -310,8 +321,11 @@ def _lists(set_: list[str] | None, seeds: str | None) -> list[str]:
 def _many(fn, kind: str, cfg, out: Path | None, quiet: bool, jobs: int, keep_going: bool) -> None:
     """Run a compare or sweep (``fn``) into ``out`` (default: runs/<kind>-<name>-<time>) and
     print its tables."""
+    from pflkit.engine.folder import folder_name, under
+
     if out is None:
-        out = Path(cfg.output.dir) / f"{kind}-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        name = f"{kind}-{folder_name(cfg.name)}-{datetime.now():%Y%m%d-%H%M%S}"
+        out = under(Path(cfg.output.dir) / name, cfg.output.dir, f"{kind} folder")
     res = fn(cfg, out, progress=False if quiet else None, jobs=jobs, keep_going=keep_going)
     print(res["table"])
     out_console.print(f"written to {res['out']}")
@@ -342,6 +356,7 @@ def sweep(
     """Run a grid of settings for each algorithm over several seeds, then choose each
     algorithm's setting on validation accuracy and report its test accuracy (next to the best
     on test, labelled). Into an existing sweep folder of the same config it continues."""
+    _hush(quiet)
     import json
 
     from pflkit.config import parse_value
@@ -357,7 +372,7 @@ def sweep(
     extra = {}
     for item in grid or []:
         key, sep, text = item.partition("=")
-        values = parse_value(text) if sep else None
+        values = parse_value(text, "--grid") if sep else None
         if not key or not isinstance(values, list) or not values:
             raise PflkitError(
                 f"invalid --grid '{item}': write a key and a list of values, e.g. "
@@ -671,7 +686,7 @@ def similarity(
     if config is None:
         raise PflkitError("give the experiment config: pflkit analyze similarity CONFIG --out DIR")
     cfg = load_config(config, set_ or [])
-    folder = out or Path(f"similarity-{cfg.name}")
+    folder = out or _named_folder("similarity", cfg.name)
     _usable_path(folder, "output folder")
     res = similarity_study(cfg, folder, steps=steps, clients=clients)
     for m, s in res["scores"].items():
@@ -748,6 +763,7 @@ def privacy(
     """Attacks of a semi-honest server (CONFIG: a config, or a run folder whose config.yaml
     is retrained): GPFL's DLG study (§4.7, Table 5; --attack dlg, PSNR per target) or
     membership and label inference (--attack mia; AUC and TPR at 1% FPR per target)."""
+    _hush(quiet)
     from pflkit.analysis import privacy_study
 
     if config is None:
@@ -766,7 +782,7 @@ def privacy(
             "calibrated, label)"
         )
     cfg = load_config(config, _lists(set_, seeds), algorithms=algorithms)
-    folder = out or Path(f"privacy-{cfg.name}")
+    folder = out or _named_folder("privacy", cfg.name)
     _usable_path(folder, "output folder")
     common = {  # the options both studies take
         "seeds": cfg.compare.seeds if seeds else None,
@@ -822,6 +838,14 @@ def privacy(
     out_console.print(f"written to {folder} (privacy.md, privacy.json, privacy.png)")
 
 
+def _named_folder(kind: str, name: str) -> Path:
+    """The default output folder of a study, ``<kind>-<name>`` in the current folder, the
+    config's name made safe (:func:`~pflkit.engine.folder.folder_name`)."""
+    from pflkit.engine.folder import folder_name, under
+
+    return under(Path(f"{kind}-{folder_name(name)}"), Path.cwd(), f"{kind} folder")
+
+
 def _client_ids(text: str, option: str) -> int | list[int]:
     """``--victims``, ``--clients``: a count (``4``) or client ids (``0,3,7``; one id as
     ``7,``)."""
@@ -866,6 +890,7 @@ def features(
 ) -> None:
     """GPFL's feature maps (§4.2, Fig. 2): each client's test features under its own evaluated
     model, projected together to 2-D (colour: class, marker: client), with silhouette scores."""
+    _hush(quiet)
     from pflkit.analysis import feature_map
     from pflkit.analysis.features import OUTPUTS
 
@@ -1257,11 +1282,25 @@ def _is_usage_error(err: Exception) -> bool:
     return any(c.__name__ == "ClickException" for c in type(err).__mro__) and hasattr(err, "show")
 
 
+def _usage_sentence(err: Exception) -> str:
+    """Click's usage error as one line: its sentences (each once: typer and click both add
+    "Did you mean ...?") joined into one, and where the command's help is."""
+    import re
+
+    parts = re.split(r"(?<=[.?])\s+", " ".join(err.format_message().split()))
+    parts = [p.rstrip(".") for p in dict.fromkeys(parts) if p.rstrip(".")]
+    text = ": ".join(p[:1].lower() + p[1:] for p in parts) or type(err).__name__
+    ctx = getattr(err, "ctx", None)
+    path = ctx.command_path if ctx is not None else "pflkit"
+    return f"{path}: {text} (`{path} --help` shows how to call it)"
+
+
 def main() -> None:
+    _hush(False)  # until a command's -q says otherwise
     try:
         # with standalone_mode=False, click returns the code of an Exit instead of exiting;
         # typer turns a KeyboardInterrupt into Exit(130)
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="pflkit")
     except RunInterrupted as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(143 if err.signal == "SIGTERM" else 130)
@@ -1275,15 +1314,21 @@ def main() -> None:
     except Exception as err:  # click usage errors
         # a ClickException of the click that typer runs on: the click package (typer 0.20)
         # or typer's own copy of it (typer 0.27 installs no click), so not matched by class
-        if _is_usage_error(err):
+        if not _is_usage_error(err):
+            raise
+        if type(err).__name__ == "NoArgsIsHelpError":  # `pflkit`, `pflkit flower`: the help
             err.show()
-            sys.exit(err.exit_code)
-        raise
+        else:  # a misspelt command or option, --jobs two
+            print(f"error: {_usage_sentence(err)}", file=sys.stderr)
+        sys.exit(err.exit_code)
     if code == 130:
         _stopped_at_once()
     if isinstance(code, int) and code != 0:
         sys.exit(code)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m pflkit.cli: as the console script (pflkit.__main__)
+    from pflkit.errors import sigterm_as_interrupt
+
+    sigterm_as_interrupt()
     main()

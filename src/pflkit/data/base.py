@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import string
-import sys
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
@@ -323,10 +322,9 @@ def _cached_pixels(
             return x
     if len(images.files) > 5000:
         where = f"; cached in {cache}" if cache is not None else ""
-        print(
-            f"decoding {len(images.files)} {images.what} images in {images.base}{where}",
-            file=sys.stderr,
-        )
+        from pflkit.data.download import notice
+
+        notice(f"decoding {len(images.files)} {images.what} images in {images.base}{where}")
     x = decode(images.files)
     if cache is not None:
         _write_pixel_cache(cache, key, x)

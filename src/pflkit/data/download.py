@@ -165,6 +165,16 @@ def expected_checksum(dataset: str, filename: str) -> tuple[str, str]:
         raise RuntimeError(f"no checksum recorded for {dataset}/{filename}") from None
 
 
+#: no "downloading ..." (nor "decoding ...") lines on stderr: the command line's -q sets it
+QUIET = False
+
+
+def notice(text: str, end: str = "\n") -> None:
+    """A line about data being fetched or prepared, on stderr (nothing with :data:`QUIET`)."""
+    if not QUIET:
+        print(text, end=end, file=sys.stderr, flush=True)
+
+
 def _progress_line(url: str, done: int, total: int | None) -> str:
     mb = done / 1e6
     if total:
@@ -196,7 +206,7 @@ def download_file(
                     total = int(length) if length and length.isdigit() else None
                     big = total is None or total > 5_000_000
                     if not show or not big:
-                        print(f"downloading {url}", file=sys.stderr)
+                        notice(f"downloading {url}")
                     done, last = 0, 0.0
                     while chunk := resp.read(_CHUNK):
                         out.write(chunk)
@@ -204,9 +214,9 @@ def download_file(
                         done += len(chunk)
                         if show and big and time.monotonic() - last > 0.5:
                             last = time.monotonic()
-                            print(_progress_line(url, done, total), end="", file=sys.stderr)
+                            notice(_progress_line(url, done, total), end="")
                     if show and big:
-                        print(_progress_line(url, done, total), file=sys.stderr)
+                        notice(_progress_line(url, done, total))
             if total is not None and done != total:
                 raise DownloadFailed(f"connection closed after {done} of {total} bytes")
         except urllib.error.HTTPError as e:

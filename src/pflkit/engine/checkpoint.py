@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -64,5 +65,12 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict[str,
         )
     try:
         return torch.load(io.BytesIO(payload), weights_only=True, map_location=device)
+    except pickle.UnpicklingError:  # torch's several lines on weights_only
+        raise PflkitError(
+            f"checkpoint '{path}' holds Python objects other than tensors and plain values, "
+            "which pflkit never writes and does not load (unpickling them could run any "
+            "code): delete it, or resume from a checkpoint pflkit wrote"
+        ) from None
     except Exception as err:  # written by an incompatible torch, say
-        raise PflkitError(f"checkpoint '{path}' is unreadable ({err}); delete it") from None
+        first = " ".join(str(err).split("\n", 1)[0].split())[:200] or type(err).__name__
+        raise PflkitError(f"checkpoint '{path}' is unreadable ({first}); delete it") from None

@@ -24,6 +24,7 @@ return none).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -31,7 +32,7 @@ import os
 import pickle
 import signal
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -455,6 +456,36 @@ def die_with_parent(parent: int | None = None) -> None:
         threading.Thread(target=watch, daemon=True).start()
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def child_signals_blocked() -> Iterator[None]:
+    """Around starting worker processes (a pool's submit): SIGINT and SIGTERM are blocked in
+    this thread, so a child starts with them blocked (the mask survives fork and exec) and a
+    Ctrl-C to the terminal's process group while it starts and imports is held until
+    :func:`ignore_stop_signals` throws it away; here, one that arrives meanwhile is handled
+    as soon as the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to hold
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def ignore_stop_signals() -> None:
+    """A worker process's first step: SIGINT and SIGTERM from the terminal are the parent's
+    to handle (it prints the one sentence), so they are ignored here, and any that arrived
+    while the worker started (held by :func:`child_signals_blocked`) is dropped."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def worker_setup(
     cfg_dump: dict[str, Any], data: FederatedDataset, threads: int
 ) -> tuple[Algorithm, list[ClientEnv]]:
@@ -512,10 +543,9 @@ def unpack_replies(
 
 
 def _worker_init(cfg_dump: dict[str, Any], data: FederatedDataset, threads: int) -> None:
-    die_with_parent()
     # Ctrl-C and a cluster's SIGTERM are the parent's to handle: it finishes the round
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
+    die_with_parent()
     algo, envs = worker_setup(cfg_dump, data, threads)
     _WORKER.update(algo=algo, envs=envs)
 
@@ -582,9 +612,10 @@ class ProcessPool(ClientRunner):
             ctx = mp.get_context(method)
             if method == "forkserver":
                 ctx.set_forkserver_preload(["pflkit.engine.clients"])
-            self.executor = ProcessPoolExecutor(
-                self.workers, mp_context=ctx, initializer=_worker_init, initargs=self.initargs
-            )
+            with child_signals_blocked():
+                self.executor = ProcessPoolExecutor(
+                    self.workers, mp_context=ctx, initializer=_worker_init, initargs=self.initargs
+                )
         return self.executor
 
     def run(self, algo, envs, jobs, meanwhile=None):
@@ -597,13 +628,16 @@ class ProcessPool(ClientRunner):
         # vectorize: one share of the jobs per worker, keyed by its first client
         parts = shares(jobs, [e.num_train for e in envs], self.workers) if self.vectorize else []
         try:
-            futures: dict[int, Future] = {
-                part[0].cid: pool.submit(_worker_share, pickle.dumps(part, pickle.HIGHEST_PROTOCOL))
-                for part in parts
-            } or {
-                job.cid: pool.submit(_worker_job, pickle.dumps(job, pickle.HIGHEST_PROTOCOL))
-                for job in order
-            }
+            with child_signals_blocked():  # a submit may start a worker
+                futures: dict[int, Future] = {
+                    part[0].cid: pool.submit(
+                        _worker_share, pickle.dumps(part, pickle.HIGHEST_PROTOCOL)
+                    )
+                    for part in parts
+                } or {
+                    job.cid: pool.submit(_worker_job, pickle.dumps(job, pickle.HIGHEST_PROTOCOL))
+                    for job in order
+                }
             if meanwhile is not None:
                 meanwhile()
             replies = {cid: futures[cid].result() for cid in futures}

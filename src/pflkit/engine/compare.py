@@ -17,12 +17,15 @@ Resumable: running the same compare into the same folder again skips every finis
 folder started with another config is refused. ``jobs`` > 1 runs that many whole runs at
 once, each in its own process with one client runner in-process (``engine.workers: 1``) and
 ``threads`` torch threads (default 1): the numbers equal a one-job compare at the same
-thread count. The job workers run in their own process group and hear signals only through the
-compare: SIGINT or SIGTERM to it lets no new run start and stops every running one at its
+thread count. The job workers start with SIGINT and SIGTERM blocked (so a Ctrl-C to the
+terminal's process group cannot reach them even while they import), then ignore both and move
+to their own process group: they hear signals only through the compare, and never print
+anything about one (the compare says the one sentence). SIGINT or SIGTERM to it lets no new run start and stops every running one at its
 round's end with a checkpoint (a second Ctrl-C: at once); so does a run's failure, whose error
 is then raised. With ``keep_going`` a failed run (a diverged loss, say) stops only itself: the
 others run to the end, and then one error names every failed run and why; no report is written
-until every run has finished.
+until every run has finished. A signal while the report is written stops it at once, in one
+sentence (every run has finished; the same command writes it).
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from typing import Any
 import yaml
 
 from pflkit.algorithms.base import resolve_params
-from pflkit.config import ExperimentConfig, apply_overrides
+from pflkit.config import ExperimentConfig, apply_overrides, read_yaml
 from pflkit.data.federated import FederatedDataset, build_federated
-from pflkit.engine.folder import make_folder, write_atomic
+from pflkit.engine.clients import child_signals_blocked
+from pflkit.engine.folder import make_folder, under, write_atomic
 from pflkit.engine.runner import StopSignals, run_experiment
 from pflkit.errors import PflkitError, RunInterrupted
 from pflkit.experiment import validate
@@ -104,7 +108,7 @@ def _claim(out: Path, cfg: ExperimentConfig) -> None:
     manifest = out / MANIFEST
     if manifest.exists():
         changed = cfg.model_dump(mode="json", exclude_defaults=True)
-        if _differs(yaml.safe_load(manifest.read_text()), identity, changed):
+        if _differs(read_yaml(manifest, "compare manifest"), identity, changed):
             raise PflkitError(
                 f"compare folder '{out}' holds a compare of another config (only engine, "
                 "output, threads and compare may change when continuing one): choose another --out"
@@ -157,12 +161,12 @@ def _init_worker(stopping: Any, parent: int) -> None:
     """A job worker: out of the terminal's process group, so that a Ctrl-C reaches it once,
     through the compare; signals are ignored except while a run listens (StopSignals); it dies
     with the compare (``parent``), even when that is killed with SIGKILL."""
-    from pflkit.engine.clients import die_with_parent
+    from pflkit.engine.clients import die_with_parent, ignore_stop_signals
 
+    ignore_stop_signals()  # blocked since its start (child_signals_blocked): imports included
     global _stopping
     _stopping = stopping
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    StopSignals.announce = False  # the compare says what a signal does, once
     die_with_parent(parent)
     os.setpgrp()
 
@@ -194,6 +198,15 @@ class _PassOn(StopSignals):
             _tell_workers(signal.SIGINT)
         else:
             super()._handle(signum, frame)
+
+
+class _AtOnce(StopSignals):
+    """The report phase's signals: SIGINT and SIGTERM stop it at once (nothing is lost: the
+    runs have finished, and the same command writes the report again)."""
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signal = signal.Signals(signum).name
+        raise KeyboardInterrupt
 
 
 def _goes_on(err: BaseException | None, keep_going: bool) -> bool:
@@ -267,14 +280,16 @@ def _run_all(
         ProcessPoolExecutor(workers, ctx, _init_worker, (stopping, os.getpid())) as pool,
     ):
         pending = {}
-        for run_cfg, folder in todo:
-            solo = run_cfg.model_copy(
-                update={
-                    "threads": run_cfg.threads or 1,
-                    "engine": run_cfg.engine.model_copy(update={"workers": 1}),
-                }
-            )
-            pending[pool.submit(_job, solo.model_dump(mode="json"), str(folder))] = folder.name
+        with child_signals_blocked():  # a submit starts a worker (module docstring)
+            for run_cfg, folder in todo:
+                solo = run_cfg.model_copy(
+                    update={
+                        "threads": run_cfg.threads or 1,
+                        "engine": run_cfg.engine.model_copy(update={"workers": 1}),
+                    }
+                )
+                job = pool.submit(_job, solo.model_dump(mode="json"), str(folder))
+                pending[job] = folder.name
         while pending:
             finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for f in finished:
@@ -389,7 +404,10 @@ def run_compare(
     seeds = cfg.compare.seeds
     folder = {label: label.replace("/", "_") for label, _, _ in plan}
     tasks = [
-        (run_config(cfg, algo, sets, seed), out / f"{folder[label]}-s{seed}")
+        (
+            run_config(cfg, algo, sets, seed),
+            under(out / f"{folder[label]}-s{seed}", out, "run folder"),
+        )
         for label, algo, sets in plan
         for seed in seeds
     ]  # every config is checked before anything runs
@@ -411,10 +429,20 @@ def run_compare(
             "(finished runs are kept, interrupted ones resume from their checkpoints)",
             getattr(err, "signal", "SIGINT"),
         ) from None
-    found, _ = find_settings([out])
-    report = build_report(found, **options)
-    report.write(out)
-    return {"table": report.markdown(), "results": report.numbers, "out": out}
+    at_once = _AtOnce()
+    try:
+        with at_once:
+            found, _ = find_settings([out])
+            report = build_report(found, **options)
+            report.write(out)
+            table = report.markdown()
+    except KeyboardInterrupt:
+        raise RunInterrupted(
+            f"interrupted while writing the report (every run has finished): run the same "
+            f"command with --out {out} to write it",
+            at_once.signal or "SIGINT",
+        ) from None
+    return {"table": table, "results": report.numbers, "out": out}
 
 
 def run_sweep(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +42,39 @@ RESUMABLE = (
     "output.",
     "engine.",
 )
+
+
+NAME_MAX = 64  # characters of a config's name kept in a folder name
+
+
+def folder_name(name: str) -> str:
+    """A config's ``name:`` as part of one folder name: every run of characters other than
+    letters, digits, ``_``, ``.`` and ``-`` becomes ``-`` (a ``/`` never survives, so the name
+    can never add a level to a path), dots and dashes at either end are dropped (no ``..``, no
+    hidden folder, no name that reads as an option), and at most :data:`NAME_MAX` characters are kept; ``experiment`` if nothing is
+    left. Every folder built from a name goes through here (run, compare, sweep, flower local,
+    analyze)."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(name))[:NAME_MAX].strip(".-")
+    return slug or "experiment"
+
+
+def under(path: Path, root: Path | str, what: str) -> Path:
+    """``path``, checked to lie inside ``root`` once both are resolved (``..`` and symbolic
+    links followed): a folder pflkit builds from a name under ``output.dir`` or ``--out`` that
+    would land anywhere else is refused in one sentence before anything is written."""
+    try:
+        inside = Path(path).resolve().is_relative_to(Path(root).resolve())
+    except (OSError, ValueError, RuntimeError) as err:  # a NUL byte, a symbolic-link loop
+        raise PflkitError(
+            f"the {what} {str(path)[:80]!r} is not a usable path ({err}): rename what it is "
+            "built from (the config's name, a compare label)"
+        ) from None
+    if not inside:
+        raise PflkitError(
+            f"the {what} '{path}' would lie outside '{root}' (a symbolic link leads out of it): "
+            "remove the link, or choose another --out"
+        )
+    return Path(path)
 
 
 def make_folder(path: Path, what: str) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shutil
 import signal
 import sys
@@ -38,8 +37,10 @@ from pflkit.engine.folder import (
     RESUMABLE,
     FolderLock,
     fingerprint,
+    folder_name,
     keep_rows,
     make_folder,
+    under,
     write_atomic,
 )
 from pflkit.engine.simulation import Simulation
@@ -61,9 +62,11 @@ class RunResult:
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:
+    """``output.dir``/<name>-<algorithm>-s<seed>-<time>, the name made safe
+    (:func:`~pflkit.engine.folder.folder_name`) and the folder checked to lie in output.dir."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.name)
-    return Path(cfg.output.dir) / f"{slug}-{cfg.algorithm['name']}-s{cfg.seed}-{stamp}"
+    name = f"{folder_name(cfg.name)}-{folder_name(cfg.algorithm['name'])}-s{cfg.seed}-{stamp}"
+    return under(Path(cfg.output.dir) / name, cfg.output.dir, "run folder")
 
 
 def new_run_dir(cfg: ExperimentConfig, out: str | Path | None) -> Path:
@@ -207,6 +210,9 @@ class StopSignals:
 
     #: what the first signal is said to do
     stopping = "stopping when this round ends"
+    #: say so at once on stderr, when that is a terminal (in a log, the closing sentence is the
+    #: one line); a compare's job process never does: the compare speaks for it
+    announce = True
 
     def __init__(self) -> None:
         self.signal: str | None = None
@@ -218,11 +224,12 @@ class StopSignals:
                 raise KeyboardInterrupt
             return
         self.signal = signal.Signals(signum).name
-        print(
-            f"{self.signal} received: {self.stopping} (Ctrl-C again to stop now)",
-            file=sys.stderr,
-            flush=True,
-        )
+        if self.announce and sys.stderr.isatty():
+            print(
+                f"{self.signal} received: {self.stopping} (Ctrl-C again to stop now)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():

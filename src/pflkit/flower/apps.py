@@ -36,8 +36,7 @@ serverapp = ServerApp()
 
 @serverapp.main()
 def main(grid: Grid, context: Context) -> None:
-    import yaml
-
+    from pflkit.config import config_text
     from pflkit.engine.runner import run_experiment
     from pflkit.experiment import validate
     from pflkit.flower.secagg import SecAggOptions
@@ -45,7 +44,7 @@ def main(grid: Grid, context: Context) -> None:
 
     rc = context.run_config
     try:
-        cfg = validate(yaml.safe_load(str(rc["config"])))
+        cfg = validate(config_text(str(rc["config"]), "the run config's 'config'"))
         runner = FlowerRunner(
             grid,
             node_wait=float(rc.get("node-wait", 60)),

@@ -70,14 +70,14 @@ class Worker:
 
     def __init__(self, text: str):
         import torch
-        import yaml
 
         from pflkit.algorithms import build_algorithm
+        from pflkit.config import config_text
         from pflkit.data.federated import build_federated
         from pflkit.engine.envs import make_envs
         from pflkit.experiment import validate
 
-        self.cfg = validate(yaml.safe_load(text))
+        self.cfg = validate(config_text(text, "the run config's 'config'"))
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
         _, self.envs = make_envs(self.cfg, build_federated(self.cfg.data))

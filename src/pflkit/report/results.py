@@ -138,30 +138,11 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    """A run folder's config.yaml as a mapping, or one sentence naming the file."""
-    import yaml
+    """A run folder's config.yaml as a mapping (read within the limits of any config,
+    :func:`pflkit.config.read_yaml`), or one sentence naming the file."""
+    from pflkit.config import read_yaml
 
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise PflkitError(
-            f"cannot read the run config '{path}' ({err.strerror or err}): restore it, or "
-            "leave the run out"
-        ) from None
-    except (ValueError, yaml.YAMLError) as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        what = getattr(err, "problem", None) or _first_line(err)
-        raise PflkitError(
-            f"the run config '{path}' is not valid YAML{at} ({what}): it is damaged; "
-            "restore it, or rerun the run"
-        ) from None
-    if not isinstance(config, dict):
-        raise PflkitError(
-            f"the run config '{path}' is not a mapping of config sections: it is damaged; "
-            "restore it, or rerun the run"
-        )
-    return config
+    return read_yaml(path, "the run config")
 
 
 def _first_line(err: BaseException) -> str:
