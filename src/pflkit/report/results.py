@@ -377,14 +377,22 @@ class Report:
     """The tables of a set of settings, their numbers (``results.json``, CSV) and options."""
 
     head: str
+    """The markdown heading and the paragraph saying what the numbers are."""
     tables: list[Table]
+    """All settings; with ``select``, also the chosen setting per algorithm."""
     numbers: dict[str, Any]
+    """Per setting label: its algorithm, seeds, per-seed numbers, p-value and cost
+    (``results.json``)."""
     settings: list[Setting]
+    """The settings reported, each with its runs."""
 
     def markdown(self) -> str:
+        """The heading and the tables in markdown (``results.md``)."""
         return "\n".join([self.head, *(t.markdown() for t in self.tables)])
 
     def latex(self) -> str:
+        """The tables as LaTeX ``tabular`` environments (``results.tex``, booktabs rules)."""
+
         def esc(text: str) -> str:
             text = text.replace("±", "PLUSMINUS").replace("–", "--").replace("×", "x")
             text = re.sub(r"([&%$#_{}])", r"\\\1", text)
