@@ -385,6 +385,8 @@ class Report:
     (``results.json``)."""
     settings: list[Setting]
     """The settings reported, each with its runs."""
+    metric: str = "pers_acc_mean"
+    """The metric compared (p-values) and selected on."""
 
     def markdown(self) -> str:
         """The heading and the tables in markdown (``results.md``)."""
@@ -534,7 +536,7 @@ def build_report(
     if select != "none":
         tables.append(_selection(settings, at, metric, select, numbers))
     head = _head(settings, at, metric) + (_sampling_note(settings, metric) if sampled else "")
-    return Report(head, tables, numbers, settings)
+    return Report(head, tables, numbers, settings, metric)
 
 
 def _sampled(settings: list[Setting], metric: str, at: At) -> bool:
