@@ -7,6 +7,7 @@ hold data."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -91,6 +92,25 @@ def test_a_curve_is_the_mean_over_seeds_with_a_band_of_one_std(cmp):
     assert page.curve_figure(settings, "no_such_metric") is None
 
 
+def test_the_band_is_one_population_std_by_hand():
+    """Three seeds (with two, std and half the min..max range coincide), one missing a round."""
+    rows = [
+        [{"round": 1, "pers_acc_mean": 0.1}, {"round": 2, "pers_acc_mean": 0.4}],
+        [{"round": 1, "pers_acc_mean": 0.2}, {"round": 2, "pers_acc_mean": 0.5}],
+        [{"round": 1, "pers_acc_mean": 0.6}],
+    ]
+    runs = [Run(Path("a"), "a", seed, {}, {}, r) for seed, r in enumerate(rows)]
+    fig = page.curve_figure([Setting("a", runs)], "pers_acc_mean")
+    band, line = fig.data
+    # round 1: 10, 20, 60 -> mean 30, std sqrt(((-20)^2 + (-10)^2 + 30^2) / 3) = sqrt(1400 / 3)
+    # round 2: 40, 50 -> mean 45, std 5
+    s1 = (1400 / 3) ** 0.5
+    assert list(line.x) == [1, 2] and line.name == "a (n=3)"
+    np.testing.assert_allclose(line.y, [30, 45])
+    np.testing.assert_allclose(band.x, [1, 2, 2, 1])
+    np.testing.assert_allclose(band.y, [30 + s1, 50, 40, 30 - s1])
+
+
 def _setting(label: str, *configs: dict) -> Setting:
     runs = [Run(Path(label), label, seed, cfg, {}) for seed, cfg in enumerate(configs)]
     return Setting(label, runs)
@@ -148,7 +168,7 @@ def test_report_html_writes_one_page_and_keeps_the_table_output(cli, cmp, tmp_pa
     assert f"results page: {Path('page') / 'report.html'}" in r.stderr
     assert sorted(p.name for p in path.parent.iterdir()) == ["report.html"]
     text = path.read_text()
-    assert text.count("<script src=") == 0  # nothing loaded from elsewhere
+    assert not re.search(r"<(script|link|img|iframe)\b[^>]*\s(src|href)=", text)  # all inline
     assert "plotly.js v" in text and "_itables_" in text  # both inlined
     for at in ("last", "mean_last", "val_round", "best_test"):
         assert f'id="at-{at}"' in text
