@@ -1,11 +1,11 @@
 # The README's quick start uses `make demo` and `make test`; .ci/run uses `make test` and
-# `make wheel-check`.
+# `make docs` and `make wheel-check`.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test wheel-check bench lint clean
+.PHONY: install demo test docs wheel-check bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	@if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; fi
+	@# Debian's Chromium and its WebDriver: the browser test of `pflkit report --html`
+	@if ! command -v chromedriver >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && apt-get install -y -qq chromium chromium-driver; fi
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -31,6 +34,11 @@ test: $(STAMP)
 wheel-check: $(STAMP)
 	.ci/wheel-check $(PY) $(PYTHON)
 
+# the API site into site/; --strict: a broken link or cross-reference, or a documented public
+# object without a docstring (docs/griffe_pflkit.py), fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_fedavg.py
 
@@ -39,4 +47,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

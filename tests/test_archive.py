@@ -48,9 +48,7 @@ def test_files_in_an_archive_are_the_folders_glob_in_the_same_order(tmp_path):
     packed = files(tmp_path / "t.zip", "summary.json")
     assert [p.parent.name for p in packed] == [p.parent.name for p in folder]
     assert [p.read_text() for p in packed] == [p.read_text() for p in folder]
-    assert [p.parent.name for p in files(tmp_path / "t.zip", "metrics.jsonl", "*")] == [
-        "local-s0"
-    ]
+    assert [p.parent.name for p in files(tmp_path / "t.zip", "metrics.jsonl", "*")] == ["local-s0"]
 
 
 def test_a_folder_name_reads_its_archive_only_when_the_folder_is_gone(tmp_path):

@@ -422,6 +422,15 @@ def report(
             "aggregation and evaluation, training seconds per sample, KB per client per round.",
         ),
     ] = False,
+    html_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Also write a results page, report.html, into this folder: one "
+            "self-contained file (sortable tables per protocol, curves with seeds shaded, "
+            "config diff, partition heatmap; docs/report.md).",
+        ),
+    ] = None,
 ) -> None:
     """Rebuild the tables (markdown, CSV, LaTeX) and curves of finished runs. A compare or
     sweep folder is reported with its own options unless --select, --metric or --at is given."""
@@ -436,16 +445,21 @@ def report(
         from pflkit.report.overhead import overhead_markdown
         from pflkit.report.results import find_settings
 
-        if fmt != "markdown" or out is not None or select or metric or at:
+        if fmt != "markdown" or out is not None or select or metric or at or html_dir:
             raise PflkitError(
-                "--overhead prints one markdown table: drop --format, --out, --select, "
-                "--metric and --at"
+                "--overhead prints one markdown table: drop --format, --out, --html, "
+                "--select, --metric and --at"
             )
         print(overhead_markdown(find_settings(list(paths))[0]), end="")
         return
     formats = ("markdown", "csv", "latex", "json")
     if fmt not in formats:
         raise PflkitError(f"unknown --format {fmt!r}: use one of {', '.join(formats)}")
+    if html_dir is not None:
+        from pflkit.report.page import check_page_folder
+
+        check_page_folder(html_dir)
+        _usable_path(html_dir, "results page folder", "--html")
     rep = make_report(*paths, at=at, metric=metric, select=select)
     text = {
         "markdown": rep.markdown,
@@ -453,10 +467,16 @@ def report(
         "latex": rep.latex,
         "json": lambda: json.dumps(rep.numbers, indent=2) + "\n",
     }[fmt]()
+    if html_dir is not None:
+        from pflkit.report.page import write_page
+
+        page = write_page(rep.settings, html_dir, rep.metric)
     if out is not None:
         make_folder(out, "report folder")
         rep.write(out)
     print(text, end="")
+    if html_dir is not None:
+        print(f"results page: {page}", file=sys.stderr)
 
 
 @app.command()

@@ -416,6 +416,11 @@ class PrivacyConfig(_Section):
 
 
 class ExperimentConfig(_Section):
+    """One experiment, validated: a section per top-level YAML key, each key with a default
+    and a misspelt key refused (docs/guide.md, "Configuration", lists them all). Built by
+    :func:`pflkit.experiment.load_config` from a file and ``--set`` overrides, or by
+    :func:`pflkit.experiment.validate` from a dict; ``dump()`` gives the dict back."""
+
     name: str = "experiment"
     # modules that register user algorithms, models, datasets, partitioners (pflkit.plugins)
     plugins: list[str] = []

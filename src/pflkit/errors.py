@@ -23,6 +23,7 @@ class RunInterrupted(PflkitError):
     def __init__(self, message: str, signal: str = "SIGINT"):
         super().__init__(message)
         self.signal = signal
+        """The signal that stopped the run: ``"SIGINT"`` or ``"SIGTERM"``."""
 
     def __reduce__(self):  # survives pickling (compare's worker processes)
         return (type(self), (str(self), self.signal))

@@ -35,7 +35,11 @@ class Registry(dict[str, T], Generic[T]):
     ) -> None:
         super().__init__()
         self.kind = kind
+        """What the entries are ("algorithm", "model", "dataset", "partitioner"), as the
+        error sentences name them."""
         self.info = info
+        """Builds an entry from ``(name, description, function, **extra)``; None for a
+        registry of classes."""
         for entry in entries:
             self.add(entry)
 

@@ -32,7 +32,8 @@ from pflkit.data.federated import ClientData
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
 
-ModelFactory = Callable[[tuple[int, ...], int], PFLModel]  # (input shape, classes) -> model
+ModelFactory = Callable[[tuple[int, ...], int], PFLModel]
+"""A model built by a callable, ``(input shape, classes) -> model``, in place of a name."""
 
 
 class _FactoryPool(ModelPool):

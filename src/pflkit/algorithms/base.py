@@ -82,45 +82,50 @@ class Algorithm:
     """Base class: FedAvg-style defaults that subclasses override piece by piece."""
 
     name: ClassVar[str]
+    """The registry key, e.g. ``"fedavg"`` (``algorithm.name`` in a config)."""
     description: ClassVar[str]
-    # The release map: what leaves the client, upload key -> the payload key it updates (the
-    # update is ``upload[key] - payload[ref]``, e.g. ``{"weights": "weights"}``) or None for a
-    # statistic released as it is (prototypes, logits). Client-level DP
-    # (:mod:`pflkit.privacy.client_dp`) clips and noises exactly these; an upload may carry
-    # nothing else but ``num_samples``. None: not declared, and client-level DP is refused
-    # with ``release_refusal`` (why its uploads cannot be bounded).
+    """One line for ``pflkit list``."""
     release: ClassVar[Mapping[str, str | None] | None] = None
+    """The release map: what leaves the client, upload key -> the payload key it updates (the
+    update is ``upload[key] - payload[ref]``, e.g. ``{"weights": "weights"}``) or None for a
+    statistic released as it is (prototypes, logits). Client-level DP
+    (:mod:`pflkit.privacy.client_dp`) clips and noises exactly these; an upload may carry
+    nothing else but ``num_samples``. None: not declared, and client-level DP is refused
+    with ``release_refusal`` (why its uploads cannot be bounded)."""
     release_refusal: ClassVar[str] = "its release map is not declared yet"
-    # why the server needs each client's upload, not only a (weighted) mean of the uploads
-    # (similarity, attention, distillation, clustering); "" (default): it uses only the mean.
-    # Central client-level DP and secure aggregation hand the server only the sum, so they are
-    # refused with this reason
+    """Why client-level DP is refused when ``release`` is None."""
     uses_each_upload: ClassVar[str] = ""
-    # the weightings under which ``aggregate`` needs only the (weighted) mean of the released
-    # uploads: Flower's --secagg (:mod:`pflkit.flower.secagg`) hands it that mean alone. It
-    # counts on the class that defines ``aggregate`` and its subclasses; () (default): refused,
-    # with ``secagg_refusal``, else ``uses_each_upload``, as the reason
+    """Why the server needs each client's upload, not only a (weighted) mean of the uploads
+    (similarity, attention, distillation, clustering); "" (default): it uses only the mean.
+    Central client-level DP and secure aggregation hand the server only the sum, so they are
+    refused with this reason."""
     secagg: ClassVar[tuple[str, ...]] = ()
+    """The weightings under which ``aggregate`` needs only the (weighted) mean of the released
+    uploads: Flower's --secagg (:mod:`pflkit.flower.secagg`) hands it that mean alone. It counts
+    on the class that defines ``aggregate`` and its subclasses; () (default): refused, with
+    ``secagg_refusal``, else ``uses_each_upload``, as the reason."""
     secagg_refusal: ClassVar[str] = ""
-    # DP-SGD (:mod:`pflkit.privacy.dpsgd`) covers the class: every use of a client's data is
-    # local steps through ClientEnv.train on a batch mean of per-sample losses plus data-free
-    # terms. Counted only on the class that declares it (a subclass may change the loss)
+    """Why --secagg is refused, where ``uses_each_upload`` does not say it."""
     sample_dp_covered: ClassVar[bool] = False
-    # the client-state keys that never leave the client (its personal parts); the privacy
-    # tests check that no upload carries any of their tensors
+    """DP-SGD (:mod:`pflkit.privacy.dpsgd`) covers the class: every use of a client's data is
+    local steps through ClientEnv.train on a batch mean of per-sample losses plus data-free
+    terms. Counted only on the class that declares it (a subclass may change the loss)."""
     private: ClassVar[tuple[str, ...]] = ()
-    # engine.vectorize (pflkit.engine.vectorized): True where the local work is optimizer
-    # steps through ClientEnv.train with cross_entropy or a StackableLoss, no grad hook but
-    # train.grad_clip's, so the engine can train the cohort as one batched computation. Read
-    # from the class's own body only (vectorizable(cls)): a subclass that changes the local
-    # work does not inherit it
+    """The client-state keys that never leave the client (its personal parts); the privacy
+    tests check that no upload carries any of their tensors."""
     vectorize: ClassVar[bool] = False
+    """engine.vectorize (:mod:`pflkit.engine.vectorized`): True where the local work is
+    optimizer steps through ClientEnv.train with cross_entropy or a StackableLoss, no grad hook
+    but train.grad_clip's, so the engine can train the cohort as one batched computation. Read
+    from the class's own body only: a subclass that changes the local work does not inherit
+    it."""
 
     class Params(StrictNumbers):
         """The algorithm's hyper-parameters (each declared with :func:`param`)."""
 
     def __init__(self, params: Params):
         self.params = params
+        """The validated hyper-parameters; the object holds nothing else."""
 
     def check(self, env: ServerEnv) -> None:
         """Refuse a run this algorithm cannot do (no public set, mixed architectures, ...) with
@@ -133,13 +138,18 @@ class Algorithm:
 
     # -- state ---------------------------------------------------------------------------------
     def server_init(self, env: ServerEnv) -> State:
+        """The server state before round 1; default ``{"weights": <the initial model>}``."""
         return {"weights": env.init_weights()}
 
     def client_init(self, env: ClientEnv) -> State:
+        """A client's private state before its first round (a personal model, a control
+        variate, ...); it stays on the client. Default: empty."""
         return {}
 
     # -- one exchange --------------------------------------------------------------------------
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str) -> Payload:
+        """What client ``cid`` downloads for phase ``phase`` of round ``rnd`` (counted as
+        communication); default the global model as ``{"weights": ...}``."""
         return {"weights": server["weights"]}
 
     def client_update(
@@ -151,6 +161,8 @@ class Algorithm:
     def aggregate(
         self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str
     ) -> State:
+        """The server state after phase ``phase`` of round ``rnd``, from the selected clients'
+        ``uploads`` (client id -> upload)."""
         raise NotImplementedError
 
     # -- evaluation ----------------------------------------------------------------------------
@@ -318,6 +330,8 @@ def resolve_params(algo_cfg: Mapping[str, Any], weighting: str | None = None) ->
 
 
 def build_algorithm(algo_cfg: Mapping[str, Any]) -> Algorithm:
+    """The algorithm an ``algorithm:`` config entry names (``{"name": "fedprox", "mu":
+    0.01}``), with its parameters validated (unknown names and keys are one sentence)."""
     cls, params = parse_params(algo_cfg)
     return cls(params)
 

@@ -19,15 +19,21 @@ from pflkit.algorithms.blocks.training import LocalOptim
 class RoundContext:
     """One client's round, as the engine runs it (frozen: hooks read it, never change it)."""
 
-    round: int  # 1-based
-    phase: str = "train"  # the exchange (``phases(round)``), "evaluate" for evaluation
-    seed: int = 0  # the run's seed (``seed``)
-    lr_factor: float = 1.0  # the round's learning-rate factor (``train.lr_schedule``)
-    optimizer: str = "sgd"  # sgd | adam | adamw (``train.optimizer``)
-    drop_last: bool = False  # epochs skip their last, incomplete batch (``train.drop_last``)
-    # the share of its local steps the client runs this round: below 1 for a straggler
-    # (``system.straggler_work``)
+    round: int
+    """The round, 1-based."""
+    phase: str = "train"
+    """The exchange (one of ``phases(round)``), ``"evaluate"`` for evaluation."""
+    seed: int = 0
+    """The run's seed (``seed``)."""
+    lr_factor: float = 1.0
+    """The round's learning-rate factor (``train.lr_schedule``)."""
+    optimizer: str = "sgd"
+    """sgd, adam or adamw (``train.optimizer``)."""
+    drop_last: bool = False
+    """Epochs skip their last, incomplete batch (``train.drop_last``)."""
     work: float = 1.0
+    """The share of its local steps the client runs this round: below 1 for a straggler
+    (``system.straggler_work``)."""
 
     @property
     def optim(self) -> LocalOptim:

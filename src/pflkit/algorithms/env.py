@@ -5,7 +5,8 @@ object itself holds only its validated parameters.
 - A **client environment** is one client's world: its own train/test tensors,
   the public set (when the run configures one), a model pool for its architecture, the resolved
   training settings, the run facts an algorithm legitimately needs (rounds, participation rate,
-  whether MAP's selected-clients protocol will score its trained model) and :meth:`train`.
+  whether MAP's selected-clients protocol will score its trained model) and
+  :meth:`ClientEnv.train`.
   Nothing in it reaches another client's data or the server state: those arrive only in a
   payload.
 - A **server environment** holds what a server may know: the number of clients, each client's
@@ -104,18 +105,27 @@ class ClientEnv:
     """One client's environment (see the module docstring)."""
 
     cid: int
+    """The client's id, 0-based."""
     data: ClientData
+    """The client's own train / test (/ validation) tensors."""
     num_classes: int
+    """Classes of the task."""
     arch: str
+    """The client's architecture key in ``models`` (heterogeneous runs differ per client)."""
     models: ModelPool
+    """Reusable model instances of the run's architectures."""
     run: RunFacts
+    """The run settings an algorithm may read."""
     public_x: Tensor | None = None
-    # the loop that runs :meth:`train`'s steps, local_sgd's signature: None is local_sgd; the
-    # vectorised engine (engine.vectorize) sets its recorder (pflkit.engine.vectorized.Tape)
+    """The public set's inputs (``data.public``), or None when the run has none."""
     sgd: Callable[..., float] | None = None
+    """The loop that runs :meth:`train`'s steps, with local_sgd's signature: None is local_sgd;
+    the vectorised engine (engine.vectorize) sets its recorder
+    (:class:`pflkit.engine.vectorized.Tape`)."""
 
     @property
     def num_train(self) -> int:
+        """The client's number of training samples."""
         return self.data.size("train")
 
     @property
@@ -124,9 +134,12 @@ class ClientEnv:
         return self.models.device
 
     def model(self, slot: int | str = 0) -> PFLModel:
+        """The reusable model of this client's architecture in ``slot`` (load weights into it;
+        its values are to be overwritten)."""
         return self.models.model(self.arch, slot)
 
     def init_weights(self) -> Weights:
+        """Freshly initialised weights of this client's architecture."""
         return self.models.init_weights(self.arch)
 
     def train(self, model: nn.Module, ctx: RoundContext, **overrides: Any) -> float:
@@ -174,13 +187,21 @@ class ServerEnv:
     """What the server may know (see the module docstring)."""
 
     num_clients: int
-    archs: list[str]  # each client's architecture key
-    global_arch: str  # the server's / global model's architecture key
-    num_samples: list[int]  # each client's training-sample count
+    """Clients of the run."""
+    archs: list[str]
+    """Each client's architecture key."""
+    global_arch: str
+    """The server's / global model's architecture key."""
+    num_samples: list[int]
+    """Each client's training-sample count."""
     num_classes: int
+    """Classes of the task."""
     models: ModelPool
+    """Reusable model instances of the run's architectures."""
     run: RunFacts
+    """The run settings an algorithm may read."""
     public_x: Tensor | None = None
+    """The public set's inputs (``data.public``), or None when the run has none."""
 
     @property
     def device(self) -> torch.device:
@@ -188,10 +209,13 @@ class ServerEnv:
         return self.models.device
 
     def arch(self, cid: int | None = None) -> str:
+        """Client ``cid``'s architecture key; the global model's when ``cid`` is None."""
         return self.global_arch if cid is None else self.archs[cid]
 
     def model(self, arch: str | None = None, slot: int | str = 0) -> PFLModel:
+        """The reusable model of ``arch`` (default the global architecture) in ``slot``."""
         return self.models.model(arch or self.global_arch, slot)
 
     def init_weights(self, arch: str | None = None) -> Weights:
+        """Freshly initialised weights of ``arch`` (default the global architecture)."""
         return self.models.init_weights(arch or self.global_arch)

@@ -21,12 +21,12 @@ Server (lines 16-17), over the selected clients S of N::
     x <- x + eta_g * mean_S(Delta y)
     c <- c + (|S| / N) * mean_S(Delta c)                 (control_scale="paper")
 
-How the correction is applied: the shared :func:`local_sgd` loop runs with momentum 0 and adds
+How the correction is applied: the shared :func:`~pflkit.algorithms.blocks.training.local_sgd` loop runs with momentum 0 and adds
 c - c_i to each parameter's gradient (``grad_shift``, after ``train.grad_clip`` if set, as the
 MAP code clips g alone). So a step is y <- y - eta_l (g(y) + c - c_i [+ wd * y]) with the same
 batch order as FedAvg's client step (with c = c_i = 0 it *is* FedAvg's step without momentum).
 
-ScaRS: the same, with g_i the gradient of the restricted-softmax loss (MAP Eq. 8, :mod:`rs`):
+ScaRS: the same, with g_i the gradient of the restricted-softmax loss (MAP Eq. 8, :mod:`pflkit.algorithms.blocks.rs`):
 per-class logit scale 1 for observed classes, alpha for missing ones (``rs_mode="hard"``, the
 paper's rule and what the MAP code's ScaffoldRS intends; observed = at least ``min_samples``
 training samples, specs/map.md §8.9). ``alpha`` defaults to 0.9 (MAP §5.2.5's preferred value).

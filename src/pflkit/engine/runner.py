@@ -56,9 +56,14 @@ STATES = Path("states")  # client states beyond engine.state_memory, and checkpo
 
 @dataclass
 class RunResult:
+    """What :func:`run_experiment` returns: the run folder and what it wrote there."""
+
     run_dir: Path
+    """The run folder (config.yaml, metrics.jsonl, summary.json, plots)."""
     summary: dict[str, Any]
+    """summary.json's contents: the final, mean-of-last and best-round numbers, cost."""
     rows: list[dict[str, Any]]
+    """metrics.jsonl's rows, one per round."""
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:

@@ -3,7 +3,7 @@ the sum of the SuperNodes' uploads, through Flower's own SecAgg+ protocol (the c
 ``flwr.client.mod.secaggplus_mod`` on the nodes, ``flwr.server.workflow.SecAggPlusWorkflow``
 in the ServerApp); pflkit writes no cryptography of its own.
 
-How a round's training phase runs (:class:`SecureRound`):
+How a round's training phase runs (:func:`secure_phase`):
 
 - Each SuperNode that hosts clients of the round gets one message per SecAgg+ stage (setup,
   share keys, collect masked vectors, unmask). The third carries the payloads of all its
@@ -20,7 +20,8 @@ How a round's training phase runs (:class:`SecureRound`):
 So only an algorithm whose ``aggregate`` needs nothing but the (sample-weighted or uniform)
 mean of tensor uploads can run: :func:`declared` reads the upload keys that are summed and the
 weightings from the class attributes ``release`` and ``secagg``; ``tests/test_flower_secagg.py``
-checks every eligible algorithm against its own aggregate. Others are refused before anything starts (:func:`check_algorithm`).
+checks every eligible algorithm against its own aggregate. Others are refused before anything
+starts (:func:`secure_keys`).
 
 Quantization error (SecAgg+ sums integers). With clipping range ``c``, quantization range ``T``,
 ``n`` nodes in the round and ``D`` the securely summed weight share (1 when every node of the

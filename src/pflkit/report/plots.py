@@ -110,10 +110,10 @@ def plot_class_heatmap(
     _save(fig, path)
 
 
-def _aggregate(
-    runs: Sequence[tuple[np.ndarray, np.ndarray]],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, min and max over seeds on the union of rounds (NaN/None ignored)."""
+def seed_stack(runs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The seeds' ``(rounds, values)`` on the union of their rounds: the rounds where some seed
+    has a value, and a [seeds, rounds] array with NaN where a seed has none (NaN/None values
+    dropped)."""
     cleaned = []
     for rounds, values in runs:
         r = _as_float(np.ravel(rounds))
@@ -127,7 +127,14 @@ def _aggregate(
     for s, (r, v) in enumerate(cleaned):
         stack[s, np.searchsorted(grid, r)] = v
     has = np.isfinite(stack).any(axis=0)
-    grid, stack = grid[has], stack[:, has]
+    return grid[has], stack[:, has]
+
+
+def _aggregate(
+    runs: Sequence[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max over seeds on the union of rounds (NaN/None ignored)."""
+    grid, stack = seed_stack(runs)
     if grid.size == 0:
         empty = np.empty(0)
         return empty, empty, empty, empty

@@ -361,14 +361,24 @@ class Report:
     """The tables of a set of settings, their numbers (``results.json``, CSV) and options."""
 
     head: str
+    """The markdown heading and the paragraph saying what the numbers are."""
     tables: list[Table]
+    """All settings; with ``select``, also the chosen setting per algorithm."""
     numbers: dict[str, Any]
+    """Per setting label: its algorithm, seeds, per-seed numbers, p-value and cost
+    (``results.json``)."""
     settings: list[Setting]
+    """The settings reported, each with its runs."""
+    metric: str = "pers_acc_mean"
+    """The metric compared (p-values) and selected on."""
 
     def markdown(self) -> str:
+        """The heading and the tables in markdown (``results.md``)."""
         return "\n".join([self.head, *(t.markdown() for t in self.tables)])
 
     def latex(self) -> str:
+        """The tables as LaTeX ``tabular`` environments (``results.tex``, booktabs rules)."""
+
         def esc(text: str) -> str:
             text = text.replace("±", "PLUSMINUS").replace("–", "--").replace("×", "x")
             text = re.sub(r"([&%$#_{}])", r"\\\1", text)
@@ -510,7 +520,7 @@ def build_report(
     if select != "none":
         tables.append(_selection(settings, at, metric, select, numbers))
     head = _head(settings, at, metric) + (_sampling_note(settings, metric) if sampled else "")
-    return Report(head, tables, numbers, settings)
+    return Report(head, tables, numbers, settings, metric)
 
 
 def _sampled(settings: list[Setting], metric: str, at: At) -> bool:
