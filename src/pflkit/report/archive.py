@@ -1,6 +1,7 @@
 """Kept runs in one compressed file: a folder of run folders (a compare, a sweep, a table's
-column) packed as ``<folder>.zip``, read in place by ``pflkit report``, :func:`load_runs` and
-the table scripts (``benchmarks/claims.py``, ``paper_table.py``, ...), without unpacking.
+column) packed as ``<folder>.zip``, read in place by ``pflkit report``,
+:func:`~pflkit.report.results.load_runs` and the table scripts (``benchmarks/claims.py``,
+``paper_table.py``, ...), without unpacking.
 
 ``results/`` keeps each table this way (issue 55): one file per table instead of four per run.
 A name that is not there but whose ``.zip`` is (``results/pfedsim-dir01``) reads the archive,
