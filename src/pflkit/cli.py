@@ -93,6 +93,22 @@ KeepGoingOpt = Annotated[
         "failed run comes at the end. Default: the first failure stops every run.",
     ),
 ]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Run even when the pre-flight check finds the run past this machine (workers or "
+        "threads above 4 per core or the process limit, more memory or disk than is free).",
+    ),
+]
+SkipCorruptOpt = Annotated[
+    bool,
+    typer.Option(
+        "--skip-corrupt",
+        help="Leave out corrupt lines of the runs' metrics.jsonl (the table's footnote names "
+        "them) instead of refusing the run.",
+    ),
+]
 AtOpt = Annotated[
     str | None,
     typer.Option(
@@ -129,6 +145,7 @@ def run(
         Path | None, typer.Option(help="Continue the run in this folder from its last checkpoint.")
     ] = None,
     quiet: QuietOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """Run one experiment into a run folder (config, metrics.jsonl, summary.json, plots)."""
     from pflkit.engine.runner import new_run_dir, run_experiment
@@ -142,7 +159,10 @@ def run(
             return
         try:
             res = run_experiment(
-                resume=resume, overrides=set_ or [], progress=False if quiet else None
+                resume=resume,
+                overrides=set_ or [],
+                progress=False if quiet else None,
+                force=force,
             )
         except KeyboardInterrupt:  # outside the round loop (which stops at a round's end)
             raise RunInterrupted(
@@ -159,7 +179,7 @@ def run(
         run_dir = new_run_dir(cfg, out)  # named here, so that an interrupt can say what is left
         existed = run_dir.exists()
         try:
-            res = run_experiment(cfg, out=run_dir, progress=False if quiet else None)
+            res = run_experiment(cfg, out=run_dir, progress=False if quiet else None, force=force)
         except KeyboardInterrupt:  # outside the round loop (which stops at a round's end)
             raise _interrupted(run_dir, existed) from None
     _show_summary(res.run_dir, res.summary)
@@ -286,6 +306,8 @@ def compare(
     quiet: QuietOpt = False,
     jobs: JobsOpt = 1,
     keep_going: KeepGoingOpt = False,
+    force: ForceOpt = False,
+    skip_corrupt: SkipCorruptOpt = False,
 ) -> None:
     """Compare algorithms on one partition over several seeds: markdown table + curves.
     Into an existing compare folder of the same config it continues: finished runs are
@@ -293,7 +315,7 @@ def compare(
     from pflkit.engine.compare import run_compare
 
     cfg = load_config(config, _lists(set_, seeds), imports, algorithms)
-    _many(run_compare, "compare", cfg, out, quiet, jobs, keep_going)
+    _many(run_compare, "compare", cfg, out, quiet, jobs, keep_going, force, skip_corrupt)
 
 
 def _lists(set_: list[str] | None, seeds: str | None) -> list[str]:
@@ -304,12 +326,31 @@ def _lists(set_: list[str] | None, seeds: str | None) -> list[str]:
     return overrides
 
 
-def _many(fn, kind: str, cfg, out: Path | None, quiet: bool, jobs: int, keep_going: bool) -> None:
+def _many(
+    fn,
+    kind: str,
+    cfg,
+    out: Path | None,
+    quiet: bool,
+    jobs: int,
+    keep_going: bool,
+    force: bool,
+    skip_corrupt: bool,
+) -> None:
     """Run a compare or sweep (``fn``) into ``out`` (default: runs/<kind>-<name>-<time>) and
     print its tables."""
     if out is None:
         out = Path(cfg.output.dir) / f"{kind}-{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    res = fn(cfg, out, progress=False if quiet else None, jobs=jobs, keep_going=keep_going)
+    progress = False if quiet else None
+    res = fn(
+        cfg,
+        out,
+        progress=progress,
+        jobs=jobs,
+        keep_going=keep_going,
+        force=force,
+        skip_corrupt=skip_corrupt,
+    )
     print(res["table"])
     out_console.print(f"written to {res['out']}")
 
@@ -335,6 +376,8 @@ def sweep(
     quiet: QuietOpt = False,
     jobs: JobsOpt = 1,
     keep_going: KeepGoingOpt = False,
+    force: ForceOpt = False,
+    skip_corrupt: SkipCorruptOpt = False,
 ) -> None:
     """Run a grid of settings for each algorithm over several seeds, then choose each
     algorithm's setting on validation accuracy and report its test accuracy (next to the best
@@ -370,7 +413,7 @@ def sweep(
         raw = cfg.dump()
         raw["sweep"]["grid"] = raw["sweep"]["grid"] | extra
         cfg = validate(raw)
-    _many(run_sweep, "sweep", cfg, out, quiet, jobs, keep_going)
+    _many(run_sweep, "sweep", cfg, out, quiet, jobs, keep_going, force, skip_corrupt)
 
 
 @app.command()
@@ -404,6 +447,7 @@ def report(
             "aggregation and evaluation, training seconds per sample, KB per client per round.",
         ),
     ] = False,
+    skip_corrupt: SkipCorruptOpt = False,
 ) -> None:
     """Rebuild the tables (markdown, CSV, LaTeX) and curves of finished runs. A compare or
     sweep folder is reported with its own options unless --select, --metric or --at is given."""
@@ -423,12 +467,12 @@ def report(
                 "--overhead prints one markdown table: drop --format, --out, --select, "
                 "--metric and --at"
             )
-        print(overhead_markdown(find_settings(list(paths))[0]), end="")
+        print(overhead_markdown(find_settings(list(paths), skip_corrupt)[0]), end="")
         return
     formats = ("markdown", "csv", "latex", "json")
     if fmt not in formats:
         raise PflkitError(f"unknown --format {fmt!r}: use one of {', '.join(formats)}")
-    rep = make_report(*paths, at=at, metric=metric, select=select)
+    rep = make_report(*paths, skip_corrupt=skip_corrupt, at=at, metric=metric, select=select)
     text = {
         "markdown": rep.markdown,
         "csv": rep.csv,
