@@ -52,7 +52,9 @@ class Footprint:
     """What one client costs, measured on a built run (:func:`footprint`)."""
 
     model_bytes: int  # parameters and buffers of the largest client model
-    state_bytes: int  # one client's state (its init), as the state store counts it
+    # one client's state as the store counts it, measured on its init: a lower bound where an
+    # algorithm builds the state in its first training (Ditto's personal model counts 0)
+    state_bytes: int
     act_bytes: int  # activations of one training batch (train.batch_size, capped by the data)
     stateful: int  # clients that keep a state: those that train (a lower bound)
 

@@ -268,12 +268,6 @@ class ClientStates(MutableMapping[int, State]):
         self._version = 0 if index is None else int(index["last_version"])
         if self.folder is None:
             return
-        if prune and self.folder.is_dir():
-            self._take()
-            keep = {self._path(c, v).name for c, (v, _) in self._files.items()}
-            for path in self.folder.iterdir():
-                if path.name not in keep and path.name.endswith((SUFFIX, ".tmp")):
-                    path.unlink(missing_ok=True)
         for cid, (version, _) in self._files.items():
             if not self._path(cid, version).exists():
                 raise PflkitError(
@@ -281,6 +275,12 @@ class ClientStates(MutableMapping[int, State]):
                     "which is missing: restore the run's states folder from a copy, or start "
                     "the run again"
                 )
+        if prune and self.folder.is_dir():
+            self._take()
+            keep = {self._path(c, v).name for c, (v, _) in self._files.items()}
+            for path in self.folder.iterdir():
+                if path.name not in keep and path.name.endswith((SUFFIX, ".tmp")):
+                    path.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Release the folder's lock; remove the temporary folder, if this store made one."""
