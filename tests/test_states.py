@@ -121,6 +121,7 @@ def test_checkpoints_are_incremental_and_keep_the_versions_they_name(tmp_path):
     # a later write, then a resume from the second checkpoint: the write is undone
     store[2] = state(20.0)
     store.commit()
+    store.close()  # one store per folder: the resumed one takes the folder's lock
     again = ClientStates(lambda cid: {}, memory=10**6, folder=tmp_path)
     (tmp_path / "c0-v99.safetensors.tmp").write_bytes(b"half")  # a killed write
     again.restore(second)
