@@ -101,8 +101,10 @@ def test_a_missing_or_cut_state_file_is_refused_and_nothing_is_reinitialised(set
     assert victim.name in message
     rows = (tmp / out / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 4  # the checkpoint's rounds kept, no round run on a fresh state
-    after = sorted(p.name for p in (tmp / out).rglob("*") if p.name != ".lock")
-    assert after == [n for n in before if n != ".lock"]
+    # every file the checkpoint names is still there (a truncated file is found when read,
+    # mid-round, after other clients' new versions were written: the next resume removes them)
+    after = {p.name for p in (tmp / out).rglob("*")}
+    assert {n for n in before if n != ".lock"} <= after
 
 
 def test_two_runs_on_one_store_the_second_is_refused_in_one_sentence(setup):
