@@ -8,16 +8,22 @@ the N-th time the process reaches POINT:
 - ``ckpt_replace``: after the N-th checkpoint's temporary file is complete, before it
   replaces ``latest.pt``;
 - ``config`` / ``summary``: in the middle of writing config.yaml / summary.json's temporary file;
-- ``truncate``: before a resume cuts metrics.jsonl after the checkpoint's rounds.
+- ``truncate``: before a resume cuts metrics.jsonl after the checkpoint's rounds;
+- ``state``: in the middle of writing the N-th client-state file's temporary file;
+- ``commit``: after the N-th checkpoint's client states are written, before the checkpoint;
+- ``committed``: after the N-th checkpoint is written, before the state files it replaced
+  are removed;
+- ``enospc``: the N-th client-state write fails with "No space left on device" (no kill).
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pathlib
 
-from pflkit.engine import checkpoint, runner
+from pflkit.engine import checkpoint, runner, states
 from pflkit.engine.simulation import Simulation
 
 POINT, _, NTH = os.environ.get("PFLKIT_FAULT", "none:0").partition(":")
@@ -108,6 +114,51 @@ def write_atomic(path, text):
     return real_write_atomic(path, text)
 
 
+real_state_write = states.write_atomic
+
+
+def state_write(path, data, fix):
+    if hit("state"):
+        path.with_name(path.name + ".tmp").write_bytes(data[: len(data) // 2])
+        die()
+    if hit("enospc"):
+        return _enospc(path, fix)
+    return real_state_write(path, data, fix)
+
+
+def _enospc(path, fix):
+    real_write_bytes = pathlib.Path.write_bytes
+
+    def full(self, data):
+        real_write_bytes(self, data[:10])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    pathlib.Path.write_bytes = full
+    try:
+        return real_state_write(path, b"", fix)
+    finally:
+        pathlib.Path.write_bytes = real_write_bytes
+
+
+real_commit, real_committed = states.ClientStates.commit, states.ClientStates.committed
+
+
+def commit(self):
+    index = real_commit(self)
+    if hit("commit"):
+        die()
+    return index
+
+
+def committed(self, index):
+    if hit("committed"):
+        die()
+    return real_committed(self, index)
+
+
+states.write_atomic = state_write
+states.ClientStates.commit = commit
+states.ClientStates.committed = committed
 Simulation.run_round = run_round
 pathlib.Path.open = open_
 checkpoint.open = open_checkpoint

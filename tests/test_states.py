@@ -69,7 +69,7 @@ def test_a_state_read_back_from_disk_is_the_state_written_bit_for_bit(tmp_path):
     assert isinstance(back["scalar"], np.float64) and back["scalar"] == 0.25
     assert torch.equal(back["nested"][0]["a"], torch.ones(2))
     assert back["nested"][1] == (1, "two", None, 3.5)
-    assert [p.suffix for p in tmp_path.iterdir()] == [".safetensors"]
+    assert [p.suffix for p in tmp_path.glob("c*")] == [".safetensors"]
 
 
 def test_memory_stays_within_the_bound_least_recently_used_first(tmp_path):
@@ -83,7 +83,7 @@ def test_memory_stays_within_the_bound_least_recently_used_first(tmp_path):
     assert store.reads == 0
     store[3] = state(3.0)  # evicts client 2 (1 was used after it)
     assert store.writes == 2
-    assert sorted(int(p.name[1]) for p in tmp_path.iterdir()) == [0, 2]
+    assert sorted(int(p.name[1]) for p in tmp_path.glob("c*")) == [0, 2]
     assert torch.equal(store[0]["w"], torch.zeros(4)) and store.reads == 1
     assert list(store) == [0, 1, 2, 3] and len(store) == 4
 
@@ -97,7 +97,7 @@ def test_a_client_that_never_took_part_costs_no_memory_and_no_disk(tmp_path):
     assert torch.equal(torch.get_rng_state(), before)  # init's seeding is undone
     assert 9 not in store and len(store) == 0 and store.bytes_in_memory == 0
     assert store.commit()["clients"] == []
-    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+    assert not tmp_path.exists() or not any(tmp_path.glob("c*"))
     with pytest.raises(KeyError):
         store[9]
 
@@ -117,16 +117,17 @@ def test_checkpoints_are_incremental_and_keep_the_versions_they_name(tmp_path):
     old = tmp_path / f"c1-v{first['versions'][1]}.safetensors"
     assert old.exists()  # the standing checkpoint still names it
     store.committed(second)
-    assert not old.exists() and len(list(tmp_path.iterdir())) == 3
+    assert not old.exists() and len(list(tmp_path.glob("c*"))) == 3
     # a later write, then a resume from the second checkpoint: the write is undone
     store[2] = state(20.0)
     store.commit()
+    store.close()  # one store per folder: the resumed one takes the folder's lock
     again = ClientStates(lambda cid: {}, memory=10**6, folder=tmp_path)
     (tmp_path / "c0-v99.safetensors.tmp").write_bytes(b"half")  # a killed write
     again.restore(second)
     assert torch.equal(again[1]["w"], torch.full((4,), 10.0))
     assert torch.equal(again[2]["w"], torch.full((4,), 2.0))
-    assert len(list(tmp_path.iterdir())) == 3
+    assert len(list(tmp_path.glob("c*"))) == 3
 
 
 def test_a_full_disk_while_writing_a_state_is_one_sentence_and_keeps_the_old_version(
@@ -146,7 +147,7 @@ def test_a_full_disk_while_writing_a_state_is_one_sentence_and_keeps_the_old_ver
         store[0] = state(2.0)
     assert "No space left on device" in str(err.value) and "\n" not in str(err.value)
     assert "free disk space" in str(err.value)
-    assert [p.name.endswith(".safetensors") for p in tmp_path.iterdir()] == [True]
+    assert [p.name.endswith(".safetensors") for p in tmp_path.glob("c*")] == [True]
     monkeypatch.undo()
     assert torch.equal(store[0]["w"], torch.full((4,), 1.0))
 
@@ -164,7 +165,7 @@ def ditto_on_disk(out: Path, checkpoint_every: int):
 
 def test_a_corrupted_state_file_is_one_sentence_exit_2_and_nothing_is_lost(tmp_path, cli):
     run = ditto_on_disk(tmp_path / "run", checkpoint_every=1)
-    files = sorted((run.run_dir / "states").iterdir())
+    files = sorted((run.run_dir / "states").glob("*.safetensors"))
     assert len(files) == 4  # ditto: every client keeps its personal model
     blob = bytearray(files[1].read_bytes())
     blob[-3] ^= 0xFF  # one flipped bit pattern in a tensor's bytes

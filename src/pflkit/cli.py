@@ -98,6 +98,22 @@ KeepGoingOpt = Annotated[
         "failed run comes at the end. Default: the first failure stops every run.",
     ),
 ]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Run even when the pre-flight check finds the run past this machine (workers or "
+        "threads above 4 per core or the process limit, more memory or disk than is free).",
+    ),
+]
+SkipCorruptOpt = Annotated[
+    bool,
+    typer.Option(
+        "--skip-corrupt",
+        help="Leave out corrupt lines of the runs' metrics.jsonl (the table's footnote names "
+        "them) instead of refusing the run.",
+    ),
+]
 AtOpt = Annotated[
     str | None,
     typer.Option(
@@ -135,6 +151,7 @@ def run(
         Path | None, typer.Option(help="Continue the run in this folder from its last checkpoint.")
     ] = None,
     quiet: QuietOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """Run one experiment into a run folder (config, metrics.jsonl, summary.json, plots)."""
     _hush(quiet)
@@ -149,7 +166,10 @@ def run(
             return
         try:
             res = run_experiment(
-                resume=resume, overrides=set_ or [], progress=False if quiet else None
+                resume=resume,
+                overrides=set_ or [],
+                progress=False if quiet else None,
+                force=force,
             )
         except KeyboardInterrupt:  # outside the round loop (which stops at a round's end)
             raise RunInterrupted(
@@ -165,7 +185,7 @@ def run(
         run_dir = new_run_dir(cfg, out)  # named here, so that an interrupt can say what is left
         existed = run_dir.exists()
         try:
-            res = run_experiment(cfg, out=run_dir, progress=False if quiet else None)
+            res = run_experiment(cfg, out=run_dir, progress=False if quiet else None, force=force)
         except KeyboardInterrupt:  # outside the round loop (which stops at a round's end)
             raise _interrupted(run_dir, existed) from None
     _show_summary(res.run_dir, res.summary)
@@ -299,6 +319,8 @@ def compare(
     quiet: QuietOpt = False,
     jobs: JobsOpt = 1,
     keep_going: KeepGoingOpt = False,
+    force: ForceOpt = False,
+    skip_corrupt: SkipCorruptOpt = False,
 ) -> None:
     """Compare algorithms on one partition over several seeds: markdown table + curves.
     Into an existing compare folder of the same config it continues: finished runs are
@@ -307,7 +329,7 @@ def compare(
     from pflkit.engine.compare import run_compare
 
     cfg = load_config(config, _lists(set_, seeds), imports, algorithms)
-    _many(run_compare, "compare", cfg, out, quiet, jobs, keep_going)
+    _many(run_compare, "compare", cfg, out, quiet, jobs, keep_going, force, skip_corrupt)
 
 
 def _lists(set_: list[str] | None, seeds: str | None) -> list[str]:
@@ -318,7 +340,17 @@ def _lists(set_: list[str] | None, seeds: str | None) -> list[str]:
     return overrides
 
 
-def _many(fn, kind: str, cfg, out: Path | None, quiet: bool, jobs: int, keep_going: bool) -> None:
+def _many(
+    fn,
+    kind: str,
+    cfg,
+    out: Path | None,
+    quiet: bool,
+    jobs: int,
+    keep_going: bool,
+    force: bool,
+    skip_corrupt: bool,
+) -> None:
     """Run a compare or sweep (``fn``) into ``out`` (default: runs/<kind>-<name>-<time>) and
     print its tables."""
     from pflkit.engine.folder import folder_name, under
@@ -326,7 +358,16 @@ def _many(fn, kind: str, cfg, out: Path | None, quiet: bool, jobs: int, keep_goi
     if out is None:
         name = f"{kind}-{folder_name(cfg.name)}-{datetime.now():%Y%m%d-%H%M%S}"
         out = under(Path(cfg.output.dir) / name, cfg.output.dir, f"{kind} folder")
-    res = fn(cfg, out, progress=False if quiet else None, jobs=jobs, keep_going=keep_going)
+    progress = False if quiet else None
+    res = fn(
+        cfg,
+        out,
+        progress=progress,
+        jobs=jobs,
+        keep_going=keep_going,
+        force=force,
+        skip_corrupt=skip_corrupt,
+    )
     print(res["table"])
     out_console.print(f"written to {res['out']}")
 
@@ -352,6 +393,8 @@ def sweep(
     quiet: QuietOpt = False,
     jobs: JobsOpt = 1,
     keep_going: KeepGoingOpt = False,
+    force: ForceOpt = False,
+    skip_corrupt: SkipCorruptOpt = False,
 ) -> None:
     """Run a grid of settings for each algorithm over several seeds, then choose each
     algorithm's setting on validation accuracy and report its test accuracy (next to the best
@@ -388,7 +431,7 @@ def sweep(
         raw = cfg.dump()
         raw["sweep"]["grid"] = raw["sweep"]["grid"] | extra
         cfg = validate(raw)
-    _many(run_sweep, "sweep", cfg, out, quiet, jobs, keep_going)
+    _many(run_sweep, "sweep", cfg, out, quiet, jobs, keep_going, force, skip_corrupt)
 
 
 @app.command()
@@ -431,6 +474,7 @@ def report(
             "config diff, partition heatmap; docs/report.md).",
         ),
     ] = None,
+    skip_corrupt: SkipCorruptOpt = False,
 ) -> None:
     """Rebuild the tables (markdown, CSV, LaTeX) and curves of finished runs. A compare or
     sweep folder is reported with its own options unless --select, --metric or --at is given."""
@@ -450,7 +494,7 @@ def report(
                 "--overhead prints one markdown table: drop --format, --out, --html, "
                 "--select, --metric and --at"
             )
-        print(overhead_markdown(find_settings(list(paths))[0]), end="")
+        print(overhead_markdown(find_settings(list(paths), skip_corrupt)[0]), end="")
         return
     formats = ("markdown", "csv", "latex", "json")
     if fmt not in formats:
@@ -460,7 +504,7 @@ def report(
 
         check_page_folder(html_dir)
         _usable_path(html_dir, "results page folder", "--html")
-    rep = make_report(*paths, at=at, metric=metric, select=select)
+    rep = make_report(*paths, skip_corrupt=skip_corrupt, at=at, metric=metric, select=select)
     text = {
         "markdown": rep.markdown,
         "csv": rep.csv,

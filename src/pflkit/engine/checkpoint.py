@@ -4,8 +4,9 @@ written atomically so an interrupted save never leaves a broken checkpoint behin
 The file is a header line ``pflkit-checkpoint sha256=<hex>`` followed by ``torch.save``'s
 bytes; the digest is checked on load, so a checkpoint whose bytes changed after it was written
 (a bad disk, a partial copy, an edit) is refused with one sentence instead of resuming into
-different results. Checkpoints written before checksums (plain ``torch.save`` files) still load,
-unchecked."""
+different results. Checkpoints written before checksums (plain ``torch.save`` files, which
+start as zip archives do) still load, unchecked; a file that is neither (a damaged header) is
+refused."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 from pflkit.errors import PflkitError
 
 MAGIC = b"pflkit-checkpoint sha256="
+ZIP = b"PK\x03\x04"  # how every torch.save file (a zip archive) starts
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -57,6 +59,12 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict[str,
         ) from None
     head, _, payload = data.partition(b"\n")
     if not head.startswith(MAGIC):  # written before checksums (2026-11-26): nothing to check
+        if not data.startswith(ZIP):  # not a torch.save file either: a damaged header
+            raise PflkitError(
+                f"checkpoint '{path}' has a damaged header (neither a pflkit checkpoint nor a "
+                "torch.save file): delete it and run again from the start, or restore it from "
+                "a copy"
+            )
         payload = data
     elif hashlib.sha256(payload).hexdigest().encode() != head[len(MAGIC) :]:
         raise PflkitError(

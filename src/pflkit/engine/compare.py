@@ -149,9 +149,9 @@ def _run_one(
     ``--jobs`` > 1, however many the run had when it started; no number changes)."""
     if (folder / "config.yaml").exists():
         engine = [f"engine.{k}={v}" for k, v in cfg.engine.model_dump().items()]
-        run_experiment(resume=folder, overrides=engine, data=data, progress=progress)
-    else:
-        run_experiment(cfg, out=folder, data=data, progress=progress)
+        run_experiment(resume=folder, overrides=engine, data=data, progress=progress, force=True)
+    else:  # force: the compare checked the machine for all its runs (_check_settings)
+        run_experiment(cfg, out=folder, data=data, progress=progress, force=True)
 
 
 _stopping: Any = None  # in a job worker: the compare's "start no new run" event
@@ -225,13 +225,21 @@ def _failed(failures: dict[str, Exception], total: int) -> PflkitError:
     )
 
 
-def _check_settings(configs: list[ExperimentConfig], datasets: dict[str, FederatedDataset]) -> None:
+def _check_settings(
+    configs: list[ExperimentConfig],
+    datasets: dict[str, FederatedDataset],
+    jobs: int = 1,
+    force: bool = False,
+    out: Path | None = None,
+) -> None:
     """Build every setting's simulation once (``configs``: one run of each), on the CPU in
     this process, and drop it: an unknown model, a bad model option, an algorithm that does not
     fit the model or the data, a missing tracker package is one sentence before anything is
-    written (what ``run_experiment`` checks before it creates a run folder). ``datasets``
-    collects the federated datasets, one per data config (a sweep may vary it)."""
-    from pflkit.engine.clients import InProcess
+    written (what ``run_experiment`` checks before it creates a run folder). So is a setting
+    past this machine (:mod:`pflkit.engine.limits`, unless ``force``): with its own workers,
+    or with ``jobs`` > 1 runs side by side, one process each. ``datasets`` collects the
+    federated datasets, one per data config (a sweep may vary it)."""
+    from pflkit.engine.clients import InProcess, make_runner
     from pflkit.engine.simulation import Simulation
     from pflkit.report.trackers import check_trackers
 
@@ -240,7 +248,15 @@ def _check_settings(configs: list[ExperimentConfig], datasets: dict[str, Federat
         key = cfg.data.model_dump_json()
         if key not in datasets:
             datasets[key] = build_federated(cfg.data)
-        Simulation(cfg.model_copy(update={"device": "cpu"}), datasets[key], InProcess()).close()
+        cpu = cfg.model_copy(update={"device": "cpu"})
+        with Simulation(cpu, datasets[key], InProcess(), force=True) as sim:
+            if force:
+                continue
+            if jobs > 1:
+                sim.check_machine(out, jobs, "--jobs")
+            elif cfg.engine.runner == "pool":
+                sim.runner = make_runner(cfg)  # the run's own workers (none started here)
+                sim.check_machine(out)
 
 
 def _run_all(
@@ -391,11 +407,16 @@ def run_compare(
     plan: list[Planned] | None = None,
     options: dict[str, Any] | None = None,
     keep_going: bool = False,
+    force: bool = False,
+    skip_corrupt: bool = False,
 ) -> dict[str, Any]:
     """Run every setting of ``plan`` (default: :func:`compare_plan`) over ``compare.seeds``
     into ``out`` and write its report (:mod:`pflkit.report.results`; ``options``: its
     ``at``, ``metric`` and ``select``). ``keep_going``: a failed run does not stop the others
-    (module docstring)."""
+    (module docstring). ``force``: run even settings that the pre-flight check
+    (:mod:`pflkit.engine.limits`) finds past this machine. ``skip_corrupt``: a finished run
+    whose metrics.jsonl has corrupt lines is reported without them (named in the footnote)
+    instead of refused."""
     out = Path(out)
     if jobs < 1:
         raise PflkitError(f"jobs must be at least 1 (got {jobs}): pass --jobs 1 or more")
@@ -412,7 +433,8 @@ def run_compare(
         for seed in seeds
     ]  # every config is checked before anything runs
     datasets: dict[str, FederatedDataset] = {}
-    _check_settings([c for c, _ in tasks[:: len(seeds)]], datasets)  # and every setting
+    # and every setting
+    _check_settings([c for c, _ in tasks[:: len(seeds)]], datasets, jobs, force, out)
     if jobs > 1:
         datasets.clear()  # each job process builds its own
     _claim(out, cfg)
@@ -432,7 +454,7 @@ def run_compare(
     at_once = _AtOnce()
     try:
         with at_once:
-            found, _ = find_settings([out])
+            found, _ = find_settings([out], skip_corrupt)
             report = build_report(found, **options)
             report.write(out)
             table = report.markdown()
@@ -451,6 +473,8 @@ def run_sweep(
     progress: bool | None = None,
     jobs: int = 1,
     keep_going: bool = False,
+    force: bool = False,
+    skip_corrupt: bool = False,
 ) -> dict[str, Any]:
     """``pflkit sweep``: every point of ``cfg.sweep.grid`` for each algorithm over
     ``compare.seeds`` (:func:`sweep_plan`), reported with ``cfg.sweep``'s options."""
@@ -462,4 +486,14 @@ def run_sweep(
             "(--select test, reported as optimistic) or not at all (--select none)"
         )
     options = {"at": sw.at, "metric": sw.metric, "select": sw.select}
-    return run_compare(cfg, out, progress, jobs, plan=plan, options=options, keep_going=keep_going)
+    return run_compare(
+        cfg,
+        out,
+        progress,
+        jobs,
+        plan=plan,
+        options=options,
+        keep_going=keep_going,
+        force=force,
+        skip_corrupt=skip_corrupt,
+    )

@@ -3,7 +3,8 @@ config, and a resume that never rewrites what a checkpoint already covers.
 
 - :class:`FolderLock`: ``run_dir/.lock`` holds the writer's PID, host and start time; a second
   run or resume of the folder is refused in one sentence naming the holder; a lock left by a
-  killed process on this host is detected (its PID is gone) and taken over.
+  killed process on this host is detected (its PID is gone) and taken over. The client-state
+  store locks its own folder the same way (:mod:`pflkit.engine.states`).
 - :func:`fingerprint`: a hash of everything that determines a run's numbers (the resolved
   config without the keys a resume may change, the partition id, the pflkit version). It is
   stored in every checkpoint and checked on resume, so a hand-edited ``config.yaml`` or a
@@ -157,8 +158,9 @@ def _alive(pid: int) -> bool:
 class FolderLock:
     """``with FolderLock(run_dir):`` holds the folder's lock (module docstring)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, what: str = "run folder"):
         self.path = Path(run_dir) / LOCK
+        self.what = what
         self.held = False
 
     def __enter__(self) -> FolderLock:
@@ -173,7 +175,7 @@ class FolderLock:
                     self.path.unlink(missing_ok=True)  # left by a killed process: take it
                     continue
                 raise PflkitError(
-                    f"run folder '{self.path.parent}' is in use by process {holder.get('pid')} "
+                    f"{self.what} '{self.path.parent}' is in use by process {holder.get('pid')} "
                     f"on {holder.get('host')} (since {holder.get('since')}): wait for it or "
                     f"stop it; if that process is gone, delete {self.path}"
                 ) from None
@@ -181,7 +183,9 @@ class FolderLock:
                 json.dump(me, f)
             self.held = True
             return self
-        raise PflkitError(f"cannot take the lock {self.path}: delete it if no run uses the folder")
+        raise PflkitError(
+            f"cannot take the lock {self.path}: delete it if no run uses the {self.what}"
+        )
 
     def _holder(self) -> dict[str, Any] | None:
         try:

@@ -184,10 +184,12 @@ def run_experiment(
     data: FederatedDataset | None = None,
     progress: bool | None = None,
     runner: ClientRunner | None = None,
+    force: bool = False,
 ) -> RunResult:
     """Run ``cfg`` into a new run folder, or continue the run in ``resume``. ``runner`` runs
     the client work (default: what ``engine.workers`` asks for; :mod:`pflkit.flower` passes
-    its Flower runner)."""
+    its Flower runner). ``force``: run even what the pre-flight check
+    (:mod:`pflkit.engine.limits`) finds past this machine."""
     if resume is not None:
         run_dir = Path(resume)
         cfg = resume_config(run_dir, overrides or [])
@@ -196,7 +198,7 @@ def run_experiment(
         run_dir = new_run_dir(cfg, out)
     # validates and builds everything before anything is written
     check_trackers(cfg)
-    sim = Simulation(cfg, data, runner, state_dir=run_dir / STATES)
+    sim = Simulation(cfg, data, runner, state_dir=run_dir / STATES, force=force)
     try:
         return _run(sim, cfg, run_dir, resume is not None, progress)
     finally:

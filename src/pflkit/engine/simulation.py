@@ -50,6 +50,8 @@ from pflkit.engine.clients import (
     EVALUATE,
     ClientRunner,
     EvalJob,
+    InProcess,
+    ProcessPool,
     TrainJob,
     init_client,
     make_runner,
@@ -58,6 +60,7 @@ from pflkit.engine.clients import (
     system_draw,
 )
 from pflkit.engine.envs import make_envs
+from pflkit.engine.limits import check_machine, footprint
 from pflkit.engine.population import TrainedClients, eval_sample, held_out, training_clients
 from pflkit.engine.states import ClientStates
 from pflkit.errors import PflkitError
@@ -121,7 +124,8 @@ class Simulation:
     ``state_dir``: where client states beyond ``engine.state_memory`` and those of checkpoints
     go (:class:`~pflkit.engine.states.ClientStates`; the run folder's ``states/``; None: a
     temporary folder). Nothing is written to disk here, so a bad config never leaves a
-    half-written run folder.
+    half-written run folder. A run past this machine (too many workers or threads, more memory
+    or disk than is free) is refused here (:mod:`pflkit.engine.limits`) unless ``force``.
     """
 
     def __init__(
@@ -130,6 +134,7 @@ class Simulation:
         data: FederatedDataset | None = None,
         runner: ClientRunner | None = None,
         state_dir: Path | None = None,
+        force: bool = False,
     ):
         self.cfg = cfg
         if cfg.threads:
@@ -171,6 +176,8 @@ class Simulation:
         )
         # who has trained by a round: derived from the seeds alone (nothing to checkpoint)
         self.trained = TrainedClients(cfg, self.data.num_clients, sample_clients)
+        if not force:
+            self.check_machine(state_dir)
         # every client's local test (and validation) sample count, the weights of evaluation
         self.counts = {
             split: np.array([c.size(split) for c in self.data.clients], dtype=float)
@@ -178,6 +185,35 @@ class Simulation:
         }
         self.round = 0
         self.runner.start(cfg, data)  # on the CPU: a worker moves it to its own device
+
+    def stateful_clients(self) -> int:
+        """How many clients train in the run (and so keep a state): counted from the seeds
+        when that takes at most 100,000 draws, else those of round 1 (a lower bound)."""
+        cfg, n = self.cfg, self.data.num_clients
+        first = sample_clients(cfg.seed, 1, n, cfg.train.client_fraction, held_out(cfg))
+        if len(first) * cfg.train.rounds > 100_000:
+            return len(first)
+        trained = TrainedClients(cfg, n, sample_clients)
+        return int(trained.upto_round(cfg.train.rounds).sum())
+
+    def check_machine(
+        self, state_dir: Path | None, workers: int | None = None, what: str = "engine.workers"
+    ) -> None:
+        """Refuse the run if it is past this machine (:func:`~pflkit.engine.limits.check_machine`)
+        with the runner's workers, or ``workers`` in-process runs side by side (``what``
+        asked for them: a compare's ``--jobs``). Runners whose clients run elsewhere (Ray,
+        Flower) are not checked."""
+        r = self.runner
+        if workers is None and not isinstance(r, ProcessPool | InProcess):
+            return
+        stateful = self.stateful_clients() if self.runner.keeps_state else 0
+        fp = footprint(self.cfg, self.algo, self.envs, stateful)
+        if workers is not None:
+            check_machine(self.cfg, fp, workers, 1, state_dir, what)
+        elif isinstance(r, ProcessPool):
+            check_machine(self.cfg, fp, r.workers, r.threads, state_dir)
+        else:
+            check_machine(self.cfg, fp, 1, 1, state_dir)
 
     def close(self) -> None:
         """Stop the runner's workers (if any) and remove a temporary state folder."""

@@ -24,6 +24,13 @@ by its population.
   checkpoint records. Files named by the last checkpoint are kept until a newer checkpoint
   stands, so a resume always finds a consistent version of every state; a resume removes the
   files written after its checkpoint (:meth:`ClientStates.restore`).
+- One store per folder: before it first writes or removes a file the store takes the
+  folder's lock (``.lock``, :class:`~pflkit.engine.folder.FolderLock`: owner PID, host, start
+  time), held until :meth:`ClientStates.close`; a second store on the same folder, in this
+  process or another, is refused in one sentence, and a lock whose process is gone (killed)
+  is taken over. Reading a finished run's states (``restore(..., prune=False)``) takes none.
+- Nothing is silently reinitialised: a state file a checkpoint names that is missing is
+  refused when the checkpoint is restored, one whose bytes changed when it is read.
 
 A kill of the process is covered; a power cut is not (no fsync, as for checkpoints).
 Results are bit-identical whatever ``engine.state_memory`` is: a state read back is the state
@@ -44,7 +51,7 @@ from typing import Any
 import torch
 
 from pflkit.algorithms.base import State, nbytes
-from pflkit.engine.folder import write_atomic
+from pflkit.engine.folder import FolderLock, write_atomic
 from pflkit.errors import PflkitError
 from pflkit.plain import flatten, unflatten
 
@@ -110,6 +117,7 @@ class ClientStates(MutableMapping[int, State]):
         self._committed: dict[int, tuple[int, str]] = {}  # the last checkpoint's index
         self._stored: set[int] = set()  # clients with a state that is not their init
         self._version = 0  # the last version number written
+        self._lock: FolderLock | None = None  # the folder's, once this store writes to it
         self.reads = self.writes = 0  # disk traffic, for benchmarks and tests
 
     # -- the mapping ------------------------------------------------------------------------
@@ -173,6 +181,14 @@ class ClientStates(MutableMapping[int, State]):
             self.folder = Path(tempfile.mkdtemp(prefix="pflkit-states-"))
         return self.folder
 
+    def _take(self) -> None:
+        """Hold the folder's lock (module docstring) before the first change to it."""
+        if self._lock is None and not self._own_folder and self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            lock = FolderLock(self.folder, "client-state folder")
+            lock.__enter__()
+            self._lock = lock
+
     def _path(self, cid: int, version: int) -> Path:
         return self._dir() / f"c{cid}-v{version}{SUFFIX}"
 
@@ -181,6 +197,7 @@ class ClientStates(MutableMapping[int, State]):
         self._version += 1
         path = self._path(cid, self._version)
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._take()
         write_atomic(path, data, WRITE_FIX)
         old = self._files.get(cid)
         if old is not None and self._committed.get(cid) != old:
@@ -249,12 +266,8 @@ class ClientStates(MutableMapping[int, State]):
         self._committed = dict(self._files)
         self._stored = set(self._files)
         self._version = 0 if index is None else int(index["last_version"])
-        if self.folder is None or not self.folder.is_dir():
+        if self.folder is None:
             return
-        keep = {self._path(c, v).name for c, (v, _) in self._files.items()}
-        for path in self.folder.iterdir() if prune else ():
-            if path.name not in keep and path.name.endswith((SUFFIX, ".tmp")):
-                path.unlink(missing_ok=True)
         for cid, (version, _) in self._files.items():
             if not self._path(cid, version).exists():
                 raise PflkitError(
@@ -262,9 +275,18 @@ class ClientStates(MutableMapping[int, State]):
                     "which is missing: restore the run's states folder from a copy, or start "
                     "the run again"
                 )
+        if prune and self.folder.is_dir():
+            self._take()
+            keep = {self._path(c, v).name for c, (v, _) in self._files.items()}
+            for path in self.folder.iterdir():
+                if path.name not in keep and path.name.endswith((SUFFIX, ".tmp")):
+                    path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Remove the temporary folder, if this store made one."""
+        """Release the folder's lock; remove the temporary folder, if this store made one."""
+        if self._lock is not None:
+            self._lock.__exit__()
+            self._lock = None
         if self._own_folder and self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None

@@ -88,6 +88,8 @@ class Run:
     config: dict[str, Any]
     summary: dict[str, Any]
     _rows: list[dict[str, Any]] | None = field(default=None, repr=False)
+    skip_corrupt: bool = False  # leave corrupt metrics lines out instead of refusing them
+    skipped: list[int] = field(default_factory=list)  # their line numbers
 
     @property
     def algorithm(self) -> str:
@@ -97,8 +99,29 @@ class Run:
     def rows(self) -> list[dict[str, Any]]:
         """The run's metrics rows (read on first use)."""
         if self._rows is None:
-            self._rows = read_metrics(self.folder / "metrics.jsonl")
+            path = self.folder / "metrics.jsonl"
+            self._rows = read_metrics(path, self.skip_corrupt, self.skipped)
         return self._rows
+
+    def missing_rounds(self) -> int:
+        """Rounds summary.json counts that metrics.jsonl lacks (a cut file, skipped lines)."""
+        rounds = self.summary.get("rounds")
+        return rounds - len(self.rows) if isinstance(rounds, int) else 0
+
+    def check_rows(self) -> None:
+        """Read the metrics rows now: a corrupt line, or rows out of order or fewer than the
+        rounds summary.json counts, is one sentence (unless ``skip_corrupt``: the report's
+        footnote then names them, :func:`corrupt_note`)."""
+        rows, path = self.rows, self.folder / "metrics.jsonl"
+        rounds = [r["round"] for r in rows]
+        if self.skip_corrupt or (rounds == sorted(set(rounds)) and self.missing_rounds() <= 0):
+            return
+        raise PflkitError(
+            f"metrics file '{path}' holds {len(rows)} rows for the {self.summary.get('rounds')} "
+            "rounds its summary.json counts (cut, or rows out of order): restore the file "
+            "from a copy, rerun the run, or pass --skip-corrupt to report what is readable "
+            "(the table's footnote then says so)"
+        )
 
 
 @dataclass
@@ -201,8 +224,12 @@ def _read_plan(path: Path) -> tuple[list[tuple[str, list[str]]], dict[str, Any]]
     return [(s["label"], s["folders"]) for s in settings], options
 
 
-def load_run(folder: str | Path | Tree, label: str | None = None) -> Run:
-    """A finished run folder; its label is the folder name without ``-s<seed>``."""
+def load_run(
+    folder: str | Path | Tree, label: str | None = None, skip_corrupt: bool = False
+) -> Run:
+    """A finished run folder; its label is the folder name without ``-s<seed>``. Its
+    metrics.jsonl is read and checked (:meth:`Run.check_rows`; ``skip_corrupt``: corrupt
+    lines are left out and counted instead)."""
     folder = tree(folder)
     if not (folder / "summary.json").is_file():
         what = (
@@ -219,25 +246,34 @@ def load_run(folder: str | Path | Tree, label: str | None = None) -> Run:
         raise PflkitError(f"the run in '{folder}' has a seed {seed!r} that is not an integer")
     if label is None:
         label = re.sub(rf"-s{seed}$", "", folder.name)
-    return Run(folder, label, seed, config, summary)
+    run = Run(folder, label, seed, config, summary, skip_corrupt=skip_corrupt)
+    run.check_rows()
+    return run
 
 
-def find_settings(paths: list[str | Path]) -> tuple[list[Setting], dict[str, Any]]:
+def find_settings(
+    paths: list[str | Path], skip_corrupt: bool = False
+) -> tuple[list[Setting], dict[str, Any]]:
     """The settings of ``paths`` (run folders, or compare / sweep folders, read through their
     plan, or run archives: :mod:`pflkit.report.archive`) in order, with the options of the
-    last plan read (``{}`` if none)."""
+    last plan read (``{}`` if none). A run whose metrics.jsonl is corrupt is refused, or with
+    ``skip_corrupt`` read without the corrupt lines (:func:`load_run`)."""
     runs: list[Run] = []
     options: dict[str, Any] = {}
     for path in map(tree, paths):
         if (path / PLAN).is_file():
             planned, options = _read_plan(path / PLAN)
             for label, folders in planned:
-                runs += [load_run(path / f, label) for f in folders]
+                runs += [load_run(path / f, label, skip_corrupt) for f in folders]
         elif (path / "config.yaml").exists() or (path / "summary.json").exists():
-            runs.append(load_run(path))
+            runs.append(load_run(path, skip_corrupt=skip_corrupt))
         elif path.is_dir() and any((p / "config.yaml").exists() for p in path.iterdir()):
             inside = sorted(path.iterdir(), key=lambda p: p.name)
-            runs += [load_run(p) for p in inside if (p / "config.yaml").exists()]
+            runs += [
+                load_run(p, skip_corrupt=skip_corrupt)
+                for p in inside
+                if (p / "config.yaml").exists()
+            ]
         else:
             raise PflkitError(
                 f"'{path}' is neither a run folder nor a folder of runs: give run folders "
@@ -372,9 +408,16 @@ class Report:
     metric: str = "pers_acc_mean"
     """The metric compared (p-values) and selected on."""
 
+    @property
+    def notes(self) -> list[str]:
+        """The footnotes: corrupt metrics lines left out (:func:`corrupt_note`)."""
+        note = corrupt_note(self.settings)
+        return [note] if note else []
+
     def markdown(self) -> str:
-        """The heading and the tables in markdown (``results.md``)."""
-        return "\n".join([self.head, *(t.markdown() for t in self.tables)])
+        """The heading and the tables in markdown (``results.md``), then the footnotes."""
+        text = "\n".join([self.head, *(t.markdown() for t in self.tables)])
+        return text + "".join(f"\n{n}\n" for n in self.notes)
 
     def latex(self) -> str:
         """The tables as LaTeX ``tabular`` environments (``results.tex``, booktabs rules)."""
@@ -390,6 +433,7 @@ class Report:
             out += ["\\toprule", " & ".join(map(esc, t.columns)) + " \\\\", "\\midrule"]
             out += [" & ".join(map(esc, r)) + " \\\\" for r in t.rows]
             out += ["\\bottomrule", "\\end{tabular}", ""]
+        out += [f"% {n}" for n in self.notes]
         return "\n".join(out)
 
     def csv(self) -> str:
@@ -418,6 +462,28 @@ class Report:
         name = self.settings[0].runs[0].config.get("name", "experiment")
         title = f"{name}: {_setting(self.settings)}"
         plot_compare(curves(self.settings), out / "accuracy.png", title=title)
+
+
+def corrupt_note(settings: list[Setting]) -> str:
+    """The footnote of a report read with ``--skip-corrupt`` that left lines out ("" if
+    none did): which runs, which lines, and what that changes."""
+    hurt = []
+    for s in settings:
+        for r in s.runs:
+            missing = r.missing_rounds()
+            if r.skipped or missing > 0:
+                lines = ", ".join(map(str, r.skipped)) or "none"
+                hurt.append(
+                    f"{r.folder.name} (corrupt lines {lines}; missing rounds: {max(missing, 0)})"
+                )
+    if not hurt:
+        return ""
+    return (
+        f"Note (--skip-corrupt): the metrics.jsonl of {len(hurt)} run(s) had corrupt or missing "
+        f"lines, left out: {'; '.join(hurt)}. The table's numbers come from each run's "
+        "summary.json (written when the run finished); curves and numbers recomputed from "
+        "the rows lack those rounds."
+    )
 
 
 def run_numbers(run: Run) -> dict[str, Any]:
@@ -613,24 +679,26 @@ def _head(settings: list[Setting], at: At, metric: str) -> str:
     )
 
 
-def make_report(*paths: str | Path, **options: str | None) -> Report:
+def make_report(*paths: str | Path, skip_corrupt: bool = False, **options: str | None) -> Report:
     """The report of ``paths`` (run folders, compare / sweep folders): a compare or sweep
     folder's own options (``plan.json``), overridden by the ``options`` given (``at``,
-    ``metric``, ``select``; None keeps the plan's)."""
-    settings, planned = find_settings(list(paths))
+    ``metric``, ``select``; None keeps the plan's). ``skip_corrupt``: corrupt metrics lines
+    are left out and named in a footnote instead of refused (:func:`find_settings`)."""
+    settings, planned = find_settings(list(paths), skip_corrupt)
     given = {k: v for k, v in options.items() if v is not None}  # "" is refused, not ignored
     return build_report(settings, **(planned | given))
 
 
-def load_runs(*paths: str | Path, per_round: bool = False) -> Any:
+def load_runs(*paths: str | Path, per_round: bool = False, skip_corrupt: bool = False) -> Any:
     """A pandas DataFrame of finished runs (run folders or compare / sweep folders): one row
     per run with :func:`run_numbers`' columns, or with ``per_round`` one row per run and
-    metrics row. Needs pandas (``pip install 'pflkit[report]'``)."""
+    metrics row (``skip_corrupt``: see :func:`find_settings`). Needs pandas (``pip install
+    'pflkit[report]'``)."""
     try:
         import pandas as pd
     except ImportError:
         raise PflkitError("load_runs needs pandas: pip install 'pflkit[report]'") from None
-    settings, _ = find_settings(list(paths))
+    settings, _ = find_settings(list(paths), skip_corrupt)
     records = []
     for s in settings:
         for r in s.runs:

@@ -51,11 +51,41 @@ POPULATION_KEYS = (
 REPORTED_KEYS = (*ACC_KEYS, *VAL_KEYS, *POPULATION_KEYS)
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(
+    path: Path, skip_corrupt: bool = False, skipped: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl. A line that is not a JSON object with an integer
+    ``round`` (a torn write, a damaged file) is refused in one sentence naming the file and
+    the line number; with ``skip_corrupt`` it is left out and its number appended to
+    ``skipped``. Blank lines are ignored. A partial last line counts as corrupt too: the
+    readers of finished runs call this (a run being written, or killed mid-write, has its
+    torn line cut by ``pflkit run --resume``, :func:`pflkit.engine.folder.keep_rows`)."""
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as err:
-        raise PflkitError(f"cannot read metrics file '{path}': {err}") from None
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise PflkitError(
+            f"cannot read metrics file '{path}' ({err.strerror or err}): restore it"
+        ) from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("round"), int):
+            rows.append(row)
+        elif skip_corrupt:
+            if skipped is not None:
+                skipped.append(number)
+        else:
+            raise PflkitError(
+                f"metrics file '{path}' has a corrupt line {number} (not a JSON metrics row): "
+                "restore the file from a copy, rerun the run, or pass --skip-corrupt to leave "
+                "such lines out (the table's footnote then says so)"
+            )
+    return rows
 
 
 def _finite(v: Any) -> bool:
