@@ -579,7 +579,7 @@ def test_a_continued_run_takes_the_compares_engine_not_its_stored_one(monkeypatc
     monkeypatch.setattr(
         compare,
         "run_experiment",
-        lambda resume, data, progress, overrides=None: seen.append(
+        lambda resume, data, progress, overrides=None, **_: seen.append(
             runner.resume_config(resume, overrides or [])
         ),
     )

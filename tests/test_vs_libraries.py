@@ -495,7 +495,7 @@ def test_the_contenders_of_an_algorithm_and_the_skipped_libraries(vs, tmp_path, 
     monkeypatch.setattr(vs.xc, "commit", lambda path: "abc1234")
     args = argparse.Namespace(
         pfllib=tmp_path / "P", flbench=None, python="refpy", device="cpu", out=tmp_path,
-        pflkit_workers=[2], pflkit_threads=[1],
+        pflkit_workers=[2], pflkit_threads=[1], pflkit_vectorize=[],
     )  # fmt: skip
     raw = yaml.safe_load(vs.ANCHOR.read_text())
     raw["train"]["rounds"] = 4

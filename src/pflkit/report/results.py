@@ -160,12 +160,19 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path | Tree) -> dict[str, Any]:
     """A run folder's config.yaml as a mapping (read within the limits of any config,
-    :func:`pflkit.config.read_yaml`), or one sentence naming the file."""
-    from pflkit.config import read_yaml
+    :func:`pflkit.config.read_yaml`; inside a run archive, :func:`pflkit.config.config_text`),
+    or one sentence naming the file."""
+    from pflkit.config import config_text, read_yaml
 
-    return read_yaml(path, "the run config")
+    if isinstance(path, Path):
+        return read_yaml(path, "the run config")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, KeyError, UnicodeDecodeError) as err:
+        raise PflkitError(f"cannot read the run config '{path}' ({err}): restore it") from None
+    return config_text(text, f"the run config '{path}'")
 
 
 def _first_line(err: BaseException) -> str:
