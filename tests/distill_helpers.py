@@ -11,7 +11,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
-from pflkit.algorithms.blocks.training import get_weights, set_weights
+from pflkit.primitives.training import get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine.envs import make_envs
 from pflkit.experiment import validate

@@ -21,7 +21,7 @@ pytest.importorskip("dp_accounting")
 
 from conftest import tiny_config  # noqa: E402
 from pflkit.algorithms.base import ALGORITHMS  # noqa: E402
-from pflkit.algorithms.blocks.training import get_weights, proximal_loss  # noqa: E402
+from pflkit.primitives.training import get_weights, proximal_loss  # noqa: E402
 from pflkit.config import SampleDPConfig  # noqa: E402
 from pflkit.engine.clients import InProcess, ProcessPool, round_context, train_client  # noqa: E402
 from pflkit.engine.simulation import Simulation  # noqa: E402

@@ -13,7 +13,7 @@ import yaml
 from torch import nn
 
 from conftest import tiny_config
-from pflkit.algorithms.blocks.training import predict, set_weights
+from pflkit.primitives.training import predict, set_weights
 from pflkit.analysis.membership import (
     _candidates,
     calibrated_scores,

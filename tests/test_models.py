@@ -153,7 +153,7 @@ def test_deterministic_under_manual_seed(name):
 def test_logits_do_not_depend_on_the_evaluation_batch_size(name):
     """``eval.batch_size`` is a speed setting: with one torch thread, ``predict`` gives every
     model's logits bit for bit at batch sizes 64 and 100 as in one batch of 130."""
-    from pflkit.algorithms.blocks.training import predict
+    from pflkit.primitives.training import predict
 
     _, shape, classes, options, *_ = FIRST_CASE[name]
     model = _build(name, shape, classes, options)

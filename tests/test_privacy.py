@@ -12,7 +12,7 @@ import yaml
 from torch import nn
 
 from conftest import tiny_config
-from pflkit.algorithms.blocks.training import set_weights
+from pflkit.primitives.training import set_weights
 from pflkit.algorithms.gpfl import TABLE, alg_loss, cov_apply, cov_params
 from pflkit.analysis.privacy import (
     dlg,

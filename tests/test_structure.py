@@ -24,7 +24,13 @@ FORBIDDEN = {
     "pflkit.algorithms": ("pflkit.engine", "pflkit.cli"),
     "pflkit.models": ("pflkit.algorithms", "pflkit.engine"),
     "pflkit.data": ("pflkit.algorithms", "pflkit.engine"),
+    # the contract stands on the primitives, the building blocks stand on the contract
+    "pflkit.algorithms.base": ("pflkit.algorithms.blocks",),
+    "pflkit.algorithms.env": ("pflkit.algorithms.blocks",),
+    "pflkit.algorithms.context": ("pflkit.algorithms.blocks",),
 }
+# packages that import nothing of pflkit's but themselves: the bottom layer
+SELF_CONTAINED = ("pflkit.primitives",)
 
 
 def module_names(src: Path, package: str) -> dict[str, Path]:
@@ -127,6 +133,18 @@ def test_no_import_cycles_but_the_allowed_one():
 def test_layers_depend_one_way():
     found = violations(import_graph(SRC, "pflkit"), FORBIDDEN)
     assert not found, "imports against the layering: " + ", ".join(f"{m} -> {t}" for m, t in found)
+
+
+def test_the_primitives_import_only_themselves():
+    graph = import_graph(SRC, "pflkit")
+    found = [
+        (m, t)
+        for m, targets in graph.items()
+        for t in targets
+        for bottom in SELF_CONTAINED
+        if m.startswith(bottom) and not t.startswith(bottom)
+    ]
+    assert not found, "a primitive imports above itself: " + ", ".join(f"{m} -> {t}" for m, t in found)
 
 
 def test_the_graph_sees_the_known_imports():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from pflkit.algorithms.blocks.training import steps_per_epoch
+from pflkit.primitives.training import steps_per_epoch
 from pflkit.engine import Simulation
 from pflkit.engine.clients import InProcess, ProcessPool, TrainJob, system_draw
 from pflkit.errors import PflkitError

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pflkit.algorithms.blocks.training import LocalOptim, crop_flip, local_sgd, steps_per_epoch
+from pflkit.primitives.training import LocalOptim, crop_flip, local_sgd, steps_per_epoch
 from pflkit.config import lr_factor
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError

@@ -4,7 +4,7 @@ worked out by hand (all exact in binary floating point unless a test says otherw
 import pytest
 import torch
 
-from pflkit.algorithms.blocks.tree import convex_combination, interpolate, weighted_sum
+from pflkit.primitives.tree import convex_combination, interpolate, weighted_sum
 
 
 def tree(w, n):

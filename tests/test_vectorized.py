@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from pflkit.algorithms.blocks.training import StackableLoss
+from pflkit.primitives.training import StackableLoss
 from pflkit.engine.clients import InProcess, ProcessPool, make_runner
 from pflkit.engine.simulation import Simulation
 from pflkit.engine.vectorized import FunctionalOptimizer, Request, covered

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params, train_from
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     cross_entropy,
     proximal_loss,
     set_weights,

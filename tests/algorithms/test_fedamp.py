@@ -10,7 +10,7 @@ import torch
 
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.split import common_init
-from pflkit.algorithms.blocks.training import set_weights
+from pflkit.primitives.training import set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedamp import heuristic_attention, paper_attention
 from pflkit.engine import Simulation

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
-from pflkit.algorithms.blocks.training import get_weights
+from pflkit.primitives.training import get_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedgen import FedGen, diversity_loss
 from pflkit.data.federated import build_federated

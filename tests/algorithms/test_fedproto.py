@@ -15,7 +15,7 @@ from torch import nn
 from conftest import tiny_config
 from pflkit.algorithms import parse_params
 from pflkit.algorithms.base import nbytes
-from pflkit.algorithms.blocks.training import cross_entropy, get_weights, set_weights
+from pflkit.primitives.training import cross_entropy, get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedproto import (
     FedProto,

@@ -8,7 +8,7 @@ import torch
 
 from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.base import parse_params
-from pflkit.algorithms.blocks.training import cross_entropy, get_weights, proximal_loss
+from pflkit.primitives.training import cross_entropy, get_weights, proximal_loss
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError

@@ -23,7 +23,7 @@ from distill_helpers import hetero_cfg, logits_of, np_project, setup, soft, trai
 from pflkit.algorithms import parse_params, resolve_params
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.distill import mix, restrict
-from pflkit.algorithms.blocks.training import get_weights, set_weights
+from pflkit.primitives.training import get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.ktpfl import (
     coef_objective,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pflkit.algorithms.base import nbytes, parse_params, train_from
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     get_weights,
 )
 from pflkit.algorithms.context import RoundContext

@@ -133,7 +133,7 @@ BREAKS = [
     Break(
         "fedprox",
         "proximal term dropped",
-        "algorithms/blocks/training.py",
+        "primitives/training.py",
         "return cross_entropy(model, x, y) + 0.5 * mu * prox",
         "return cross_entropy(model, x, y)",
         FEDPROX,
@@ -141,7 +141,7 @@ BREAKS = [
     Break(
         "fedprox",
         "mu instead of mu / 2",
-        "algorithms/blocks/training.py",
+        "primitives/training.py",
         "return cross_entropy(model, x, y) + 0.5 * mu * prox",
         "return cross_entropy(model, x, y) + mu * prox",
         FEDPROX,
@@ -149,7 +149,7 @@ BREAKS = [
     Break(
         "fedprox",
         "proximal term with the wrong sign",
-        "algorithms/blocks/training.py",
+        "primitives/training.py",
         "(p - anchor[name]).pow(2).sum()",
         "(p + anchor[name]).pow(2).sum()",
         FEDPROX,

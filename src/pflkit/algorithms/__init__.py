@@ -1,5 +1,5 @@
 """Algorithms: one module per defining paper, each registering its classes by name in
-:data:`ALGORITHMS`; shared building blocks live in :mod:`pflkit.algorithms.blocks`.
+:data:`ALGORITHMS`; building blocks above the contract live in :mod:`pflkit.algorithms.blocks`, primitives below it in :mod:`pflkit.primitives`.
 
 Every module of this package is imported here (no hand-kept list), so a new algorithm module
 is registered as soon as it exists; ``tests/test_conformance.py`` checks that every module

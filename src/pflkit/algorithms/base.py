@@ -41,8 +41,8 @@ import numpy as np
 from pydantic import Field, ValidationError
 from torch import Tensor, nn
 
-from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
-from pflkit.algorithms.blocks.tree import weighted_sum
+from pflkit.primitives.training import Weights, get_weights, set_weights
+from pflkit.primitives.tree import weighted_sum
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pflkit.algorithms.blocks.training import LocalOptim
+from pflkit.primitives.training import LocalOptim
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ from pflkit.algorithms.base import (
     train_from,
 )
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSMode, RSParams
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     LossFn,
     StackableLoss,
     Weights,

@@ -14,7 +14,7 @@ object itself holds only its validated parameters.
   and the same settings. No client's samples.
 
 Model pools hand out one reusable model instance per (architecture, slot): load weights into
-it in place (:func:`~pflkit.algorithms.blocks.training.set_weights`) rather than building
+it in place (:func:`~pflkit.primitives.training.set_weights`) rather than building
 models per client per round.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     Weights,
     clip_grad,
     crop_flip,

@@ -79,13 +79,13 @@ from torch import Tensor
 
 from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     Weights,
     get_weights,
     proximal_pull,
     set_weights,
 )
-from pflkit.algorithms.blocks.tree import weighted_sum
+from pflkit.primitives.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 

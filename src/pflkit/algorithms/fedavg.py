@@ -26,7 +26,7 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.blocks.training import LossFn, cross_entropy
+from pflkit.primitives.training import LossFn, cross_entropy
 from pflkit.algorithms.env import ClientEnv
 
 

@@ -71,7 +71,7 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.algorithms.blocks.training import LossFn, Weights, cross_entropy
+from pflkit.primitives.training import LossFn, Weights, cross_entropy
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.errors import PflkitError

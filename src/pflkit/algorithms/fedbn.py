@@ -32,7 +32,7 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.algorithms.blocks.bn import bn_keys, merged, only, without
+from pflkit.primitives.bn import bn_keys, merged, only, without
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 

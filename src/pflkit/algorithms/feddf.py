@@ -80,7 +80,7 @@ from pflkit.algorithms.blocks.distill import (
     kd_loss,
     require_public,
 )
-from pflkit.algorithms.blocks.training import get_weights, predict, set_weights
+from pflkit.primitives.training import get_weights, predict, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 

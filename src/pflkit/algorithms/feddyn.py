@@ -68,7 +68,7 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.blocks.training import Weights, clip_grad, proximal_pull, shift_grad
+from pflkit.primitives.training import Weights, clip_grad, proximal_pull, shift_grad
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 

@@ -63,7 +63,7 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.algorithms.blocks.training import Weights, predict, set_weights
+from pflkit.primitives.training import Weights, predict, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.data.federated import ClientData
 

@@ -76,7 +76,7 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.blocks.training import cross_entropy, get_weights, unprefixed
+from pflkit.primitives.training import cross_entropy, get_weights, unprefixed
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 

@@ -12,7 +12,7 @@ Client i, from x_t: tau_i local SGD steps of the run's local training (lr eta, m
 ``train.momentum``, ``train.weight_decay``), on cross-entropy plus, with ``prox_mu > 0``, the
 proximal term (mu / 2) ||x - x_t||^2 whose gradient mu (x - x_t) is added to each step's
 gradient (so it enters the momentum buffer, as in the FedNova and MAP code). tau_i =
-E * ceil(n_i / B), the steps :func:`~pflkit.algorithms.blocks.training.local_sgd` runs (every
+E * ceil(n_i / B), the steps :func:`~pflkit.primitives.training.local_sgd` runs (every
 batch, the last one of an epoch possibly smaller); a straggler runs ``ctx.work_steps`` of them.
 The local update is x_t - x_i = eta G_i a_i (G_i: the stochastic gradients; the paper's model of
 a local solver), and the client uploads::
@@ -81,7 +81,7 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     Weights,
     get_weights,
     proximal_pull,

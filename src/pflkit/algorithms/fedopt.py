@@ -59,7 +59,7 @@ import torch
 
 from pflkit.algorithms.base import State, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.algorithms.blocks.training import Weights
+from pflkit.primitives.training import Weights
 from pflkit.algorithms.env import ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 

@@ -85,7 +85,7 @@ from pflkit.algorithms.base import (
     register,
 )
 from pflkit.algorithms.blocks.split import common_init
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     LossFn,
     Weights,
     get_weights,

@@ -77,7 +77,7 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
-from pflkit.algorithms.blocks.training import Weights
+from pflkit.primitives.training import Weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.errors import PflkitError

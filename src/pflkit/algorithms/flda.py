@@ -63,7 +63,7 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     LossFn,
     Weights,
     get_weights,

@@ -86,7 +86,7 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
-from pflkit.algorithms.blocks.tree import interpolate
+from pflkit.primitives.tree import interpolate
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.errors import PflkitError

@@ -69,7 +69,7 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register, train_from
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.algorithms.blocks.training import LossFn, Weights, set_weights
+from pflkit.primitives.training import LossFn, Weights, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 

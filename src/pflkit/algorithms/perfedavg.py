@@ -51,7 +51,7 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.algorithms.blocks.training import LossFn, cross_entropy
+from pflkit.primitives.training import LossFn, cross_entropy
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 

@@ -57,13 +57,13 @@ from torch import Tensor
 from torch.func import functional_call
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Weighting, param, register
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     LossFn,
     get_weights,
     set_weights,
     steps_per_epoch,
 )
-from pflkit.algorithms.blocks.tree import convex_combination
+from pflkit.primitives.tree import convex_combination
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 

@@ -86,7 +86,7 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, RoundContext, State, param, register
 from pflkit.algorithms.blocks.split import common_seed
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     LossFn,
     Weights,
     make_optimizer,

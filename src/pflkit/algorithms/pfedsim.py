@@ -69,10 +69,10 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.blocks.bn import buffer_keys, merged, only, without
+from pflkit.primitives.bn import buffer_keys, merged, only, without
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.algorithms.blocks.training import Weights
-from pflkit.algorithms.blocks.tree import weighted_sum
+from pflkit.primitives.training import Weights
+from pflkit.primitives.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 

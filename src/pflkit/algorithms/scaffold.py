@@ -21,7 +21,7 @@ Server (lines 16-17), over the selected clients S of N::
     x <- x + eta_g * mean_S(Delta y)
     c <- c + (|S| / N) * mean_S(Delta c)                 (control_scale="paper")
 
-How the correction is applied: the shared :func:`~pflkit.algorithms.blocks.training.local_sgd` loop runs with momentum 0 and adds
+How the correction is applied: the shared :func:`~pflkit.primitives.training.local_sgd` loop runs with momentum 0 and adds
 c - c_i to each parameter's gradient (``grad_shift``, after ``train.grad_clip`` if set, as the
 MAP code clips g alone). So a step is y <- y - eta_l (g(y) + c - c_i [+ wd * y]) with the same
 batch order as FedAvg's client step (with c = c_i = 0 it *is* FedAvg's step without momentum).
@@ -86,7 +86,7 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     LossFn,
     Weights,
     cross_entropy,

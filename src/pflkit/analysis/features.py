@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pflkit.algorithms.blocks.training import predict
+from pflkit.primitives.training import predict
 from pflkit.engine.clients import EVALUATE, key_generator, round_context, scored_model
 from pflkit.engine.folder import check_out, make_folder
 from pflkit.engine.runner import load_finished

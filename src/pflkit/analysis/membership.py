@@ -112,7 +112,7 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import ALGORITHMS, Algorithm
 from pflkit.algorithms.blocks.distill import SoftTeacherKD
-from pflkit.algorithms.blocks.training import get_weights, predict, set_weights
+from pflkit.primitives.training import get_weights, predict, set_weights
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedproto import FedProto
 from pflkit.config import ExperimentConfig

@@ -81,7 +81,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pflkit.algorithms.base import Algorithm, RoundContext
-from pflkit.algorithms.blocks.training import set_weights
+from pflkit.primitives.training import set_weights
 from pflkit.algorithms.gpfl import GPFL, TABLE, cov_apply, cov_params, reg_norms
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import RoundContext, train_from
-from pflkit.algorithms.blocks.bn import bn_modules
-from pflkit.algorithms.blocks.training import Weights, predict, set_weights
+from pflkit.primitives.bn import bn_modules
+from pflkit.primitives.training import Weights, predict, set_weights
 from pflkit.algorithms.fedap import bn_wasserstein, feature_stats
 from pflkit.algorithms.pfedsim import class_cosines, class_rows, classifier_similarity
 from pflkit.config import ExperimentConfig

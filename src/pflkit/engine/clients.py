@@ -44,7 +44,7 @@ from torch import nn
 
 from pflkit.algorithms import Algorithm, build_algorithm
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
-from pflkit.algorithms.blocks.training import Weights
+from pflkit.primitives.training import Weights
 from pflkit.algorithms.env import ClientEnv, RunFacts
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
 from pflkit.data.federated import FederatedDataset

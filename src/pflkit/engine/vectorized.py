@@ -4,7 +4,7 @@ client parameters) and scores the clients' personalized models the same way.
 
 Training (:func:`train_cohort`). Every client's own ``client_update`` runs as in the per-client
 path, but the steps of its :meth:`~pflkit.algorithms.ClientEnv.train` calls go to a recorder,
-:class:`Tape`, instead of :func:`~pflkit.algorithms.blocks.training.local_sgd`: the first call
+:class:`Tape`, instead of :func:`~pflkit.primitives.training.local_sgd`: the first call
 not answered yet records a :class:`Request` (the model's state, the optimised parameters, the
 optimiser settings, the loss, and the batches, drawn from the client's own torch stream exactly
 as ``local_sgd`` draws them) and stops the update (:class:`Pending`). When every client has
@@ -15,7 +15,7 @@ torch's RNG left where the loop left it. An update with k training calls (Ditto,
 runs k + 1 times; the Python around the steps is cheap, the steps are the work. No algorithm is
 written twice: an algorithm declares ``vectorize = True`` (:func:`~pflkit.algorithms.base.
 vectorizable`) when its local work is such steps with ``cross_entropy`` or a
-:class:`~pflkit.algorithms.blocks.training.StackableLoss`.
+:class:`~pflkit.primitives.training.StackableLoss`.
 
 The requests of one computation share the architecture, the loss function and its static
 arguments, the optimised parameters and the optimiser settings; the clients' states are stacked
@@ -48,7 +48,7 @@ from torch.func import functional_call, grad, vmap
 
 from pflkit.algorithms import ALGORITHMS, Algorithm
 from pflkit.algorithms.base import Update, vectorizable
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     PLAIN_SGD,
     LocalOptim,
     StackableLoss,
@@ -170,7 +170,7 @@ class Done:
 
 
 class Tape:
-    """:func:`~pflkit.algorithms.blocks.training.local_sgd`'s stand-in for one client: calls
+    """:func:`~pflkit.primitives.training.local_sgd`'s stand-in for one client: calls
     already done are answered from ``done``, the next one is recorded (``request``) and stops
     the update (:class:`Pending`)."""
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor, nn
 
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     PLAIN_SGD,
     LocalOptim,
     accuracy_and_loss,

@@ -4,7 +4,7 @@ docs/dp-sgd.md).
 
 Every local step a client runs on its training split goes through :meth:`ClientEnv.train
 <pflkit.algorithms.env.ClientEnv.train>`; with ``privacy.sample_dp`` set, that runs
-:func:`dp_sgd` instead of :func:`~pflkit.algorithms.blocks.training.local_sgd`, for the
+:func:`dp_sgd` instead of :func:`~pflkit.primitives.training.local_sgd`, for the
 shared model and the personal ones alike (Ditto's personal model, FedRep's head epochs, an
 HPM's fine-tuning, ...). One step, with B = ``train.batch_size`` and n the client's training
 samples:
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     PLAIN_SGD,
     GradHook,
     LocalOptim,
@@ -396,7 +396,7 @@ def dp_sgd(
     transform: Callable[[Tensor], Tensor] | None = None,
     optim: LocalOptim = PLAIN_SGD,
 ) -> float:
-    """:func:`~pflkit.algorithms.blocks.training.local_sgd`'s contract (same arguments, the
+    """:func:`~pflkit.primitives.training.local_sgd`'s contract (same arguments, the
     same number of steps, the mean training loss) as DP-SGD with ``dp``'s clipping norm and
     noise (module docstring); the steps are counted in the open :func:`accounting` block."""
     from opacus.grad_sample import GradSampleHooks

@@ -15,7 +15,7 @@ from pflkit.algorithms.blocks.hpm import (
     mmd_loss,
     personalize,
 )
-from pflkit.algorithms.blocks.training import get_weights, set_weights
+from pflkit.primitives.training import get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation
 from pflkit.engine.simulation import seed_torch

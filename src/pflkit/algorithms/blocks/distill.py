@@ -66,7 +66,7 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, Upload, param
-from pflkit.algorithms.blocks.training import (
+from pflkit.primitives.training import (
     PLAIN_SGD,
     LocalOptim,
     get_weights,

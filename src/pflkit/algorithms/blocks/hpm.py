@@ -45,7 +45,7 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import RoundContext, State, param
-from pflkit.algorithms.blocks.training import LossFn, Weights, get_weights, set_weights
+from pflkit.primitives.training import LossFn, Weights, get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv
 
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from torch import Tensor
 
 from pflkit.algorithms.base import param
-from pflkit.algorithms.blocks.training import LossFn
+from pflkit.primitives.training import LossFn
 from pflkit.algorithms.env import ClientEnv
 
 RSMode = Literal["hard", "soft", "complete"]

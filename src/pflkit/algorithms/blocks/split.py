@@ -23,7 +23,7 @@ from pflkit.algorithms.base import (
     param,
     weighted_average,
 )
-from pflkit.algorithms.blocks.training import Weights, get_weights, set_weights
+from pflkit.primitives.training import Weights, get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from torch import Tensor, nn
 
-from pflkit.algorithms.blocks.training import Weights
+from pflkit.primitives.training import Weights
 
 
 def bn_modules(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._NormBase]]:

@@ -1,11 +1,11 @@
-"""pflkit.algorithms.blocks.training: gradient hooks and parameter groups."""
+"""pflkit.primitives.training: gradient hooks and parameter groups."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pflkit.algorithms.blocks.training import get_weights, predict
+from pflkit.primitives.training import get_weights, predict
 from pflkit.engine import Simulation
 
 
@@ -13,7 +13,7 @@ def test_gradient_hooks_compose_in_order_by_value():
     """One SGD step on loss = 0.5 * w^2 from w = 3 (gradient 3), lr 0.1, by hand: clipping to
     norm 1 gives 1; shifting by 0.5 after it gives 1.5; a proximal pull to 2 with mu 0.4 adds
     0.4 * (3 - 2) = 0.4. Hooks run in the order given."""
-    from pflkit.algorithms.blocks.training import clip_grad, local_sgd, proximal_pull, shift_grad
+    from pflkit.primitives.training import clip_grad, local_sgd, proximal_pull, shift_grad
 
     def run(hooks):
         w = torch.nn.Parameter(torch.tensor([3.0]))
@@ -34,7 +34,7 @@ def test_gradient_hooks_compose_in_order_by_value():
 
 
 def test_parameter_groups_are_named_by_the_model(tiny):
-    from pflkit.algorithms.blocks.training import group
+    from pflkit.primitives.training import group
 
     model = Simulation(tiny()).senv.model()
     weights = get_weights(model)

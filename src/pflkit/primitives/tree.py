@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from pflkit.algorithms.blocks.training import Weights
+from pflkit.primitives.training import Weights
 
 
 def weighted_sum(
