@@ -11,10 +11,10 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
-from pflkit.primitives.training import get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine.envs import make_envs
 from pflkit.experiment import validate
+from pflkit.primitives.training import get_weights, set_weights
 
 # digits are 1x8x8: four distinct architectures that accept that input (ShuffleNetV2 would
 # reach 1x1 before its last BatchNorm, which a 1-sample last batch cannot train)

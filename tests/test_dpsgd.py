@@ -21,12 +21,12 @@ pytest.importorskip("dp_accounting")
 
 from conftest import tiny_config  # noqa: E402
 from pflkit.algorithms.base import ALGORITHMS  # noqa: E402
-from pflkit.primitives.training import get_weights, proximal_loss  # noqa: E402
 from pflkit.config import SampleDPConfig  # noqa: E402
 from pflkit.engine.clients import InProcess, ProcessPool, round_context, train_client  # noqa: E402
 from pflkit.engine.simulation import Simulation  # noqa: E402
 from pflkit.errors import PflkitError  # noqa: E402
 from pflkit.experiment import validate  # noqa: E402
+from pflkit.primitives.training import get_weights, proximal_loss  # noqa: E402
 from pflkit.privacy import dpsgd  # noqa: E402
 from pflkit.privacy.dpsgd import HISTORY, accounting, dp_sgd  # noqa: E402
 

@@ -13,7 +13,6 @@ import yaml
 from torch import nn
 
 from conftest import tiny_config
-from pflkit.primitives.training import predict, set_weights
 from pflkit.analysis.membership import (
     _candidates,
     calibrated_scores,
@@ -31,6 +30,7 @@ from pflkit.analysis.membership import (
 from pflkit.engine.clients import InProcess
 from pflkit.engine.simulation import Simulation
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import predict, set_weights
 
 # -- the metrics, by hand -------------------------------------------------------------------------
 

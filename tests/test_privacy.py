@@ -12,7 +12,6 @@ import yaml
 from torch import nn
 
 from conftest import tiny_config
-from pflkit.primitives.training import set_weights
 from pflkit.algorithms.gpfl import TABLE, alg_loss, cov_apply, cov_params
 from pflkit.analysis.privacy import (
     dlg,
@@ -26,6 +25,7 @@ from pflkit.engine.clients import InProcess
 from pflkit.engine.simulation import Simulation
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
+from pflkit.primitives.training import set_weights
 
 FAST = dict(iterations=1, victims=1, batches=1, batch_size=1)
 

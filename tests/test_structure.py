@@ -144,7 +144,9 @@ def test_the_primitives_import_only_themselves():
         for bottom in SELF_CONTAINED
         if m.startswith(bottom) and not t.startswith(bottom)
     ]
-    assert not found, "a primitive imports above itself: " + ", ".join(f"{m} -> {t}" for m, t in found)
+    assert not found, "a primitive imports above itself: " + ", ".join(
+        f"{m} -> {t}" for m, t in found
+    )
 
 
 def test_the_graph_sees_the_known_imports():

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from pflkit.primitives.training import steps_per_epoch
 from pflkit.engine import Simulation
 from pflkit.engine.clients import InProcess, ProcessPool, TrainJob, system_draw
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
+from pflkit.primitives.training import steps_per_epoch
 
 
 def rows(cfg, runner=None) -> list[dict]:

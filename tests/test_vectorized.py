@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from pflkit.primitives.training import StackableLoss
 from pflkit.engine.clients import InProcess, ProcessPool, make_runner
 from pflkit.engine.simulation import Simulation
 from pflkit.engine.vectorized import FunctionalOptimizer, Request, covered
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
+from pflkit.primitives.training import StackableLoss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

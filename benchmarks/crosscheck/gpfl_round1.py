@@ -83,9 +83,9 @@ def pfllib_round1(ref: Path, python: str, out: Path, cfg: dict, seed: int) -> tu
 
 def pflkit_round1(cfg: dict, seed: int) -> tuple[float, float]:
     """(scored, zero-input) pooled accuracy of pflkit's GPFL case after one round."""
-    from pflkit.primitives.training import predict
     from pflkit.engine import Simulation
     from pflkit.experiment import validate
+    from pflkit.primitives.training import predict
 
     case = CASES["gpfl"]
     raw = {**cfg, "algorithm": dict(case.pflkit), "seed": seed}

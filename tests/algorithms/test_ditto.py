@@ -7,17 +7,17 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params, train_from
-from pflkit.primitives.training import (
-    cross_entropy,
-    proximal_loss,
-    set_weights,
-)
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.ditto import Ditto, smooth_l1_proximal_loss
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.engine import Simulation
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import (
+    cross_entropy,
+    proximal_loss,
+    set_weights,
+)
 from split_helpers import (
     PATHOLOGICAL,
     assert_close,

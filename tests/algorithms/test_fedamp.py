@@ -10,12 +10,12 @@ import torch
 
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.split import common_init
-from pflkit.primitives.training import set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedamp import heuristic_attention, paper_attention
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy
+from pflkit.primitives.training import set_weights
 
 
 def test_paper_attention_by_hand():

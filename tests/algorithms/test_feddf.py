@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from distill_helpers import hetero_cfg, kl_rows, logits_of, setup, trained_by_hand
-from pflkit.primitives.training import get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.feddf import ensemble_distill
+from pflkit.primitives.training import get_weights, set_weights
 from split_helpers import assert_close, hand_sgd, mlp_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")

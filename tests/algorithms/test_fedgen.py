@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
-from pflkit.primitives.training import get_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedgen import FedGen, diversity_loss
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
 from pflkit.experiment import validate
+from pflkit.primitives.training import get_weights
 
 
 def test_diversity_loss_by_hand():

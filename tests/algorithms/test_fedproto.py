@@ -15,7 +15,6 @@ from torch import nn
 from conftest import tiny_config
 from pflkit.algorithms import parse_params
 from pflkit.algorithms.base import nbytes
-from pflkit.primitives.training import cross_entropy, get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.fedproto import (
     FedProto,
@@ -30,6 +29,7 @@ from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
 from pflkit.models import PFLModel
+from pflkit.primitives.training import cross_entropy, get_weights, set_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

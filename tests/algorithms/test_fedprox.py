@@ -8,10 +8,10 @@ import torch
 
 from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.base import parse_params
-from pflkit.primitives.training import cross_entropy, get_weights, proximal_loss
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import cross_entropy, get_weights, proximal_loss
 from pflkit.testing import round_ctx, toy_envs
 from split_helpers import assert_close, ce, hand_sgd
 

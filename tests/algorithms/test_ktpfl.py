@@ -23,7 +23,6 @@ from distill_helpers import hetero_cfg, logits_of, np_project, setup, soft, trai
 from pflkit.algorithms import parse_params, resolve_params
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.distill import mix, restrict
-from pflkit.primitives.training import get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.ktpfl import (
     coef_objective,
@@ -36,6 +35,7 @@ from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
 from pflkit.models import build_model
+from pflkit.primitives.training import get_weights, set_weights
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "ktpfl"
 

@@ -14,11 +14,11 @@ import torch
 from map_helpers import kt_ce
 from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.rs import class_counts, rs_loss, rs_scale
-from pflkit.primitives.training import get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import get_weights, set_weights
 from split_helpers import assert_close, hand_sgd, rs_ce
 
 

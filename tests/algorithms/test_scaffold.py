@@ -8,9 +8,6 @@ import pytest
 import torch
 
 from pflkit.algorithms.base import nbytes, parse_params, train_from
-from pflkit.primitives.training import (
-    get_weights,
-)
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.scaffold import (
     Scaffold,
@@ -21,6 +18,9 @@ from pflkit.algorithms.scaffold import (
 from pflkit.engine import Simulation
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import (
+    get_weights,
+)
 from split_helpers import (
     PATHOLOGICAL,
     assert_close,

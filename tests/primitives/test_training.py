@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pflkit.primitives.training import get_weights, predict
 from pflkit.engine import Simulation
+from pflkit.primitives.training import get_weights, predict
 
 
 def test_gradient_hooks_compose_in_order_by_value():

@@ -41,12 +41,12 @@ import numpy as np
 from pydantic import Field, ValidationError
 from torch import Tensor, nn
 
-from pflkit.primitives.training import Weights, get_weights, set_weights
-from pflkit.primitives.tree import weighted_sum
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
+from pflkit.primitives.training import Weights, get_weights, set_weights
+from pflkit.primitives.tree import weighted_sum
 from pflkit.registry import Registry
 from pflkit.strict import StrictNumbers
 

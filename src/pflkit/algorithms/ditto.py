@@ -66,6 +66,8 @@ from pflkit.algorithms.base import (
     train_from,
 )
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSMode, RSParams
+from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.fedavg import FedAvg
 from pflkit.primitives.training import (
     LossFn,
     StackableLoss,
@@ -73,8 +75,6 @@ from pflkit.primitives.training import (
     cross_entropy,
     proximal_loss,
 )
-from pflkit.algorithms.env import ClientEnv
-from pflkit.algorithms.fedavg import FedAvg
 
 
 def _smooth_l1_proximal(model, x, y, t: Mapping, lam: float) -> torch.Tensor:

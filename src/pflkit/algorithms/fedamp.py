@@ -79,6 +79,8 @@ from torch import Tensor
 
 from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     Weights,
     get_weights,
@@ -86,8 +88,6 @@ from pflkit.primitives.training import (
     set_weights,
 )
 from pflkit.primitives.tree import weighted_sum
-from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.errors import PflkitError
 
 Attention = Literal["paper", "heuristic"]
 

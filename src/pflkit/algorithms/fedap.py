@@ -45,12 +45,12 @@ import torch
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register, train_from
-from pflkit.primitives.bn import bn_keys, bn_modules, merged, only, without
-from pflkit.primitives.training import Weights
-from pflkit.primitives.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedbn import FedBN
 from pflkit.algorithms.pfedsim import warmup_rounds
+from pflkit.primitives.bn import bn_keys, bn_modules, merged, only, without
+from pflkit.primitives.training import Weights
+from pflkit.primitives.tree import weighted_sum
 
 Stats = dict[str, list[Tensor]]  # {"mean": [per layer], "var": [per layer]}
 

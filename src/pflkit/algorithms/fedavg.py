@@ -26,8 +26,8 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.primitives.training import LossFn, cross_entropy
 from pflkit.algorithms.env import ClientEnv
+from pflkit.primitives.training import LossFn, cross_entropy
 
 
 @register

@@ -71,10 +71,10 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.primitives.training import LossFn, Weights, cross_entropy
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import LossFn, Weights, cross_entropy
 
 SpreadoutForm = Literal["paper", "code"]
 PAPER_LR_MULTIPLIER = 10.0  # lambda of Algorithm 1's server step lambda * eta

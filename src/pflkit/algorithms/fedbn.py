@@ -32,9 +32,9 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.primitives.bn import bn_keys, merged, only, without
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.primitives.bn import bn_keys, merged, only, without
 
 
 @register

@@ -80,9 +80,9 @@ from pflkit.algorithms.blocks.distill import (
     kd_loss,
     require_public,
 )
-from pflkit.primitives.training import get_weights, predict, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import get_weights, predict, set_weights
 
 
 def holdout_size(n: int, fraction: float) -> int:

@@ -68,8 +68,8 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.primitives.training import Weights, clip_grad, proximal_pull, shift_grad
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.primitives.training import Weights, clip_grad, proximal_pull, shift_grad
 
 
 def param_zeros(model: torch.nn.Module) -> Weights:

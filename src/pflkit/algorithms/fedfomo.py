@@ -63,9 +63,9 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.primitives.training import Weights, predict, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.data.federated import ClientData
+from pflkit.primitives.training import Weights, predict, set_weights
 
 
 def fomo_weights(own_loss: float, losses: Sequence[float], dists: Sequence[float]) -> torch.Tensor:

@@ -76,8 +76,8 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.primitives.training import cross_entropy, get_weights, unprefixed
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.primitives.training import cross_entropy, get_weights, unprefixed
 
 
 class Generator(nn.Module):

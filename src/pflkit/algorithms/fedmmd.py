@@ -51,9 +51,9 @@ from torch import nn
 from pflkit.algorithms.base import Payload, param, register
 from pflkit.algorithms.blocks.hpm import mmd_loss
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.primitives.training import LossFn, cross_entropy, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.primitives.training import LossFn, cross_entropy, set_weights
 
 GLOBAL_SLOT = "fedmmd_global"
 

@@ -81,6 +81,9 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.split import require_homogeneous
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.fedavg import FedAvg
+from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     Weights,
     get_weights,
@@ -88,9 +91,6 @@ from pflkit.primitives.training import (
     set_weights,
     steps_per_epoch,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.algorithms.fedavg import FedAvg
-from pflkit.errors import PflkitError
 
 Variant = Literal["paper", "code"]
 

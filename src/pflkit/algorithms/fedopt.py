@@ -59,9 +59,9 @@ import torch
 
 from pflkit.algorithms.base import State, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.primitives.training import Weights
 from pflkit.algorithms.env import ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.primitives.training import Weights
 
 ServerOpt = Literal["sgdm", "adagrad", "adam", "yogi"]
 

@@ -35,9 +35,9 @@ from typing import Literal
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.hpm import HPMParams, personalize
-from pflkit.primitives.training import get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.primitives.training import get_weights, set_weights
 
 
 @register

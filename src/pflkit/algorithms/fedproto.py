@@ -85,6 +85,9 @@ from pflkit.algorithms.base import (
     register,
 )
 from pflkit.algorithms.blocks.split import common_init
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.errors import PflkitError
+from pflkit.models import PFLModel
 from pflkit.primitives.training import (
     LossFn,
     Weights,
@@ -93,9 +96,6 @@ from pflkit.primitives.training import (
     steps_per_epoch,
     unprefixed,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.errors import PflkitError
-from pflkit.models import PFLModel
 
 Reg = Literal["class_mean_l2", "sample_mse"]
 ProtoSet = dict[str, Tensor]  # {"classes": int64 [K], "protos": float [K, d]}

@@ -16,9 +16,9 @@ pFedSim App. A.5: mu = 1).
 from __future__ import annotations
 
 from pflkit.algorithms.base import Payload, param, register
-from pflkit.primitives.training import LossFn, proximal_loss
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.primitives.training import LossFn, proximal_loss
 
 
 @register

@@ -37,6 +37,9 @@ from torch import Tensor, nn
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.rs import class_counts
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.fedavg import FedAvg
+from pflkit.models import PFLModel
 from pflkit.primitives.training import (
     LossFn,
     Weights,
@@ -46,9 +49,6 @@ from pflkit.primitives.training import (
     set_weights,
     unprefixed,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.algorithms.fedavg import FedAvg
-from pflkit.models import PFLModel
 
 Variant = Literal["paper", "map_code"]
 P_SLOT = "fedrod_phead"

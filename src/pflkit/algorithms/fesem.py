@@ -77,10 +77,10 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
-from pflkit.primitives.training import Weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import Weights
 
 CenterInit = Literal["clients", "random"]
 _INIT_DRAW = 0xFE5E  # key of the generator that draws the initial centres' clients

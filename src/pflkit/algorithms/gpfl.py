@@ -73,9 +73,9 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.blocks.rs import class_counts
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
-from pflkit.primitives.training import GradHook, Weights, get_weights, group, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.models import PFLModel
+from pflkit.primitives.training import GradHook, Weights, get_weights, group, set_weights
 
 TABLE = "gce.table"
 ROUTES = ("gamma", "beta")

@@ -110,9 +110,9 @@ from pflkit.algorithms.blocks.distill import (
     soft_predictions,
 )
 from pflkit.algorithms.blocks.split import require_homogeneous
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.primitives.training import Weights, get_weights, set_weights
 from pflkit.primitives.tree import weighted_sum
-from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 EPS = 1e-12
 

@@ -86,10 +86,10 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
-from pflkit.primitives.tree import interpolate
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.errors import PflkitError
+from pflkit.primitives.tree import interpolate
 
 _COIN = 0x12C0  # key of the round's coin-run generator
 

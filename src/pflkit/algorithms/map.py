@@ -45,7 +45,6 @@ from __future__ import annotations
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Weighting, param, register
 from pflkit.algorithms.blocks.hpm import HPMParams, personalize
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
-from pflkit.primitives.training import get_weights, set_weights, steps_per_epoch
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.scaffold import (
@@ -56,6 +55,7 @@ from pflkit.algorithms.scaffold import (
     scaffold_payload,
     scaffold_server_init,
 )
+from pflkit.primitives.training import get_weights, set_weights, steps_per_epoch
 
 
 class MAPParams(FedAvg.Params, RSParams, HPMParams):

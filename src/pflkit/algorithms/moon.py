@@ -69,9 +69,9 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register, train_from
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.primitives.training import LossFn, Weights, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.primitives.training import LossFn, Weights, set_weights
 
 GLOBAL_SLOT = "moon_global"
 PREV_SLOT = "moon_prev"

@@ -51,9 +51,9 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.primitives.training import LossFn, cross_entropy
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.primitives.training import LossFn, cross_entropy
 
 
 def _split(x: torch.Tensor, y: torch.Tensor, k: int):

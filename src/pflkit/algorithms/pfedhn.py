@@ -65,9 +65,9 @@ from torch import Tensor
 
 from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
-from pflkit.primitives.training import Weights, get_weights, set_weights, steps_per_epoch
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import Weights, get_weights, set_weights, steps_per_epoch
 
 Phi = dict  # {"mlp": [{"weight", "bias"}, ...], "heads": {target key: {"weight", "bias"}}}
 

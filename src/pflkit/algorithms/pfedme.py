@@ -57,6 +57,8 @@ from torch import Tensor
 from torch.func import functional_call
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Weighting, param, register
+from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.fedavg import FedAvg
 from pflkit.primitives.training import (
     LossFn,
     get_weights,
@@ -64,8 +66,6 @@ from pflkit.primitives.training import (
     steps_per_epoch,
 )
 from pflkit.primitives.tree import convex_combination
-from pflkit.algorithms.env import ClientEnv
-from pflkit.algorithms.fedavg import FedAvg
 
 Params = dict[str, Tensor]
 

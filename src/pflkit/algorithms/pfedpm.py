@@ -86,13 +86,6 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, RoundContext, State, param, register
 from pflkit.algorithms.blocks.split import common_seed
-from pflkit.primitives.training import (
-    LossFn,
-    Weights,
-    make_optimizer,
-    set_weights,
-    unprefixed,
-)
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedproto import (
     FedProto,
@@ -105,6 +98,13 @@ from pflkit.algorithms.fedproto import (
 )
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
+from pflkit.primitives.training import (
+    LossFn,
+    Weights,
+    make_optimizer,
+    set_weights,
+    unprefixed,
+)
 
 REL_PREFIX = "rel."
 ANCHOR_PREFIX = "anchor."

@@ -69,12 +69,12 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.primitives.bn import buffer_keys, merged, only, without
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.primitives.training import Weights
-from pflkit.primitives.tree import weighted_sum
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
+from pflkit.primitives.bn import buffer_keys, merged, only, without
+from pflkit.primitives.training import Weights
+from pflkit.primitives.tree import weighted_sum
 
 SimReduce = Literal["per_class_log", "mean_then_log"]
 SelfWeight = Literal["paper", "code"]

@@ -86,6 +86,7 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.primitives.training import (
     LossFn,
     Weights,
@@ -95,7 +96,6 @@ from pflkit.primitives.training import (
     shift_grad,
     steps_per_epoch,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
 
 ControlScale = Literal["paper", "code"]
 

@@ -46,11 +46,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from pflkit.primitives.training import predict
 from pflkit.engine.clients import EVALUATE, key_generator, round_context, scored_model
 from pflkit.engine.folder import check_out, make_folder
 from pflkit.engine.runner import load_finished
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import predict
 from pflkit.report.plots import plot_feature_map, setting_title
 
 #: --method: (its name in titles, the module it needs, that module's package)

@@ -112,7 +112,6 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import ALGORITHMS, Algorithm
 from pflkit.algorithms.blocks.distill import SoftTeacherKD
-from pflkit.primitives.training import get_weights, predict, set_weights
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedproto import FedProto
 from pflkit.config import ExperimentConfig
@@ -132,6 +131,7 @@ from pflkit.engine.folder import check_out, make_folder
 from pflkit.engine.population import held_out, training_clients
 from pflkit.engine.simulation import Simulation, sample_clients
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import get_weights, predict, set_weights
 
 #: the attacks of this study; ``mia`` (the CLI's --attack) runs all three
 ATTACKS = {

@@ -81,7 +81,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pflkit.algorithms.base import Algorithm, RoundContext
-from pflkit.primitives.training import set_weights
 from pflkit.algorithms.gpfl import GPFL, TABLE, cov_apply, cov_params, reg_norms
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
@@ -91,6 +90,7 @@ from pflkit.engine.compare import plan_entries, run_config
 from pflkit.engine.folder import check_out, make_folder
 from pflkit.engine.simulation import Simulation, sample_clients
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import set_weights
 
 ATTACKS = ("dlg",)
 TARGETS = {

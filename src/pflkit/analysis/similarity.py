@@ -34,8 +34,6 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import RoundContext, train_from
-from pflkit.primitives.bn import bn_modules
-from pflkit.primitives.training import Weights, predict, set_weights
 from pflkit.algorithms.fedap import bn_wasserstein, feature_stats
 from pflkit.algorithms.pfedsim import class_cosines, class_rows, classifier_similarity
 from pflkit.config import ExperimentConfig
@@ -44,6 +42,8 @@ from pflkit.engine.clients import seed_torch
 from pflkit.engine.envs import make_envs
 from pflkit.engine.folder import check_out, make_folder
 from pflkit.errors import PflkitError
+from pflkit.primitives.bn import bn_modules
+from pflkit.primitives.training import Weights, predict, set_weights
 
 METRICS = {  # name: (label, higher means more similar)
     "data_similarity": ("data similarity (Eq. 1)", True),

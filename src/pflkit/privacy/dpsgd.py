@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from pflkit.config import ExperimentConfig, SampleDPConfig
+from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     PLAIN_SGD,
     GradHook,
@@ -62,8 +64,6 @@ from pflkit.primitives.training import (
     make_optimizer,
     steps_per_epoch,
 )
-from pflkit.config import ExperimentConfig, SampleDPConfig
-from pflkit.errors import PflkitError
 
 if TYPE_CHECKING:
     from pflkit.algorithms.base import Algorithm, Payload, State, Update

@@ -15,10 +15,10 @@ from pflkit.algorithms.blocks.hpm import (
     mmd_loss,
     personalize,
 )
-from pflkit.primitives.training import get_weights, set_weights
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation
 from pflkit.engine.simulation import seed_torch
+from pflkit.primitives.training import get_weights, set_weights
 
 
 def test_hpm_momentum_schedules():

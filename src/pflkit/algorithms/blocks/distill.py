@@ -66,6 +66,9 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, Upload, param
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.config import TrainConfig
+from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     PLAIN_SGD,
     LocalOptim,
@@ -74,9 +77,6 @@ from pflkit.primitives.training import (
     predict,
     set_weights,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.config import TrainConfig
-from pflkit.errors import PflkitError
 
 PUBLIC_FIX = "set data.public: {dataset: mnist5k, size: 3000}"
 

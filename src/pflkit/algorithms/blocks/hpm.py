@@ -45,8 +45,8 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import RoundContext, State, param
-from pflkit.primitives.training import LossFn, Weights, get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv
+from pflkit.primitives.training import LossFn, Weights, get_weights, set_weights
 
 
 class HPMParams(BaseModel):

@@ -23,10 +23,10 @@ from pflkit.algorithms.base import (
     param,
     weighted_average,
 )
-from pflkit.primitives.training import Weights, get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
+from pflkit.primitives.training import Weights, get_weights, set_weights
 
 
 def common_seed(seed: int, *keys: int) -> int:
