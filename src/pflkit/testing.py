@@ -10,11 +10,11 @@ run, here on given (or random) tensors; :func:`round_ctx` gives a client's
     algo = build_algorithm({"name": "fedavg"})
     server = algo.server_init(server_env)
     uploads = {
-        c.cid: algo.client_update(c, algo.configure(server_env, server, c.cid, 1, "train"), {},
-                                  round_ctx(c)).upload
+        c.cid: algo.client_update(c, algo.configure(server_env, server, c.cid, ServerContext(1)),
+                                  {}, round_ctx(c)).upload
         for c in clients
     }
-    new = algo.aggregate(server_env, server, uploads, 1, "train")  # (3 w_0 + 5 w_1) / 8
+    new = algo.aggregate(server_env, server, uploads, ServerContext(1))  # (3 w_0 + 5 w_1) / 8
 """
 
 from __future__ import annotations

@@ -2,34 +2,35 @@
 
 An algorithm is a small class whose methods exchange **plain data**: dicts of tensors, numbers
 and strings. No module, closure or open file crosses the client/server boundary, so the same
-code runs in every engine (in-process, process pool, Flower), the engine counts communication
-bytes exactly from the dicts, and every state can be checkpointed with ``torch.save``.
+code runs in every engine (in-process, process pool, Ray, Flower), the engine counts
+communication bytes exactly from the dicts, and every state can be checkpointed with
+``torch.save``.
 
 The algorithm object holds only its validated :class:`Algorithm.Params`. Everything else
-arrives as an argument: client-side methods get that client's :class:`ClientEnv` and the
-:class:`RoundContext` of its round (round, phase, seed, the round's optimiser, learning-rate
-factor and drop_last, a straggler's work share; :mod:`pflkit.algorithms.context`), server-side
-methods the :class:`ServerEnv` (:mod:`pflkit.algorithms.env`) and the round. One round, as the
-engine runs it (``engine/simulation.py``)::
+arrives as an argument, symmetrically on both sides: client-side hooks get that client's
+:class:`ClientEnv` and the :class:`RoundContext` of its round (round, phase, seed, the round's
+optimiser, learning-rate factor and drop_last, a straggler's work share), server-side hooks the
+:class:`ServerEnv` and the :class:`ServerContext` (round, phase, seed;
+:mod:`pflkit.algorithms.context`). One round, as the engine runs it (``engine/simulation.py``)::
 
     for phase in algo.phases(rnd):                      # most algorithms: one phase
+        sctx = ServerContext(rnd, phase, seed)
         for cid in selected:                            # same clients for every algorithm
-            payload = algo.configure(senv, server, cid, rnd, phase)          # download
-        # client runner (in-process, process pool or Flower), per client:
+            payload = algo.configure(senv, server, cid, sctx)                # download
+        # client runner (in-process, process pool, Ray or Flower), per client:
             upload, state[cid], metrics = algo.client_update(
                 envs[cid], payload, state[cid], ctx)                         # client work
-        server = algo.aggregate(senv, server, uploads, rnd, phase)
+        server = algo.aggregate(senv, server, uploads, sctx)
 
-Evaluation takes the same inputs in every engine: the server computes
-``view = eval_view(senv, server, cid, rnd)`` (default: the global model) and the client scores
-``personal_weights(env, view, state, ctx)`` (None: "the global model", ``view["weights"]``);
-MAP's protocol scores ``trained_weights(env, view, upload, state, ctx)``; a held-out client
-(``data.holdout_clients``) is scored after ``adapt_holdout(env, payload, state, ctx)``, its
-personalization step.
-``global_weights(senv, server, rnd)`` is the server's model on the global test set.
-Per-client private state (a personal model, a control variate, an HPM) starts as
-``client_init(env)`` and lives with the client; per-client *server* state lives in the server
-dict.
+Evaluation is two hooks, one per side, in every engine: the server computes
+``view = eval_view(senv, server, cid, sctx)`` (default: the global model; ``cid`` None: the
+server's own model, scored on the global test set) and the client scores the module
+``personal_model(env, view, state, ctx)`` returns (default: the client's model holding
+``view["weights"]``); under MAP's protocol the engine passes the client's last ``upload`` too
+(the model right after local training). A held-out client (``data.holdout_clients``) is scored
+after ``adapt_holdout(env, payload, state, ctx)``, its personalization step. Per-client
+private state (a personal model, a control variate, an HPM) starts as ``client_init(env)`` and
+lives with the client; per-client *server* state lives in the server dict.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 from pydantic import Field, ValidationError
 from torch import Tensor, nn
 
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
@@ -147,9 +148,9 @@ class Algorithm:
         return {}
 
     # -- one exchange --------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str) -> Payload:
-        """What client ``cid`` downloads for phase ``phase`` of round ``rnd`` (counted as
-        communication); default the global model as ``{"weights": ...}``."""
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
+        """What client ``cid`` downloads for phase ``ctx.phase`` of round ``ctx.round``
+        (counted as communication); default the global model as ``{"weights": ...}``."""
         return {"weights": server["weights"]}
 
     def client_update(
@@ -159,44 +160,52 @@ class Algorithm:
         raise NotImplementedError
 
     def aggregate(
-        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str
+        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
     ) -> State:
-        """The server state after phase ``phase`` of round ``rnd``, from the selected clients'
-        ``uploads`` (client id -> upload)."""
+        """The server state after phase ``ctx.phase`` of round ``ctx.round``, from the
+        selected clients' ``uploads`` (client id -> upload)."""
         raise NotImplementedError
 
     # -- evaluation ----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State, rnd: int) -> Weights | None:
-        """The server's model after round ``rnd``, scored on the global test set (None: the
-        algorithm has none)."""
-        return server.get("weights")
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        """What client ``cid`` needs from the server to be scored after round ``ctx.round``
+        (sent in every engine), or with ``cid`` None the server's own model, scored on the
+        global test set as ``view["weights"]`` (``{}``: the algorithm has none). Default: the
+        global model, ``{"weights": server["weights"]}``, for both; ``{}`` when the server
+        holds no ``"weights"``."""
+        return {"weights": server["weights"]} if "weights" in server else {}
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        """What client ``cid`` needs from the server to evaluate after round ``rnd``: default
-        the global model as ``{"weights": ...}`` (nothing when there is none). Sent in every
-        engine."""
-        gw = self.global_weights(env, server, rnd)
-        return {} if gw is None else {"weights": gw}
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The module scored on the client's local test (and validation) split: its
+        personalized model after round ``ctx.round`` (``ctx.phase`` is ``"evaluate"``; a
+        model that trains first, FedAvg-FT's, trains here). With ``upload`` (MAP's protocol:
+        selected clients, scored right after their local training), the model this round's
+        local training left, the client's last upload of the round given.
 
-    def personal_weights(
-        self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext
-    ) -> Weights | None:
-        """The client's personalized model; ``None`` means the global model. ``ctx`` is the
-        evaluation's round context (phase ``"evaluate"``), for a model that trains first."""
-        return None
-
-    def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:
-        """The module that scores ``weights`` (what :meth:`personal_weights` or
-        :meth:`trained_weights` returned) on the client's local test (and validation) split:
-        by default the client's model with ``weights`` loaded. An algorithm whose personalized model is more
-        than a :class:`~pflkit.models.PFLModel` (GPFL's conditional valve, FedRoD's two heads)
-        builds it here from the same plain dict."""
-        model = env.model()
-        set_weights(model, weights)
-        return model
+        Default: the client's model holding the uploaded ``upload["weights"]`` under MAP's
+        protocol, else the global ``view["weights"]`` (:func:`load_model`). An algorithm whose
+        personalized model is more than a :class:`~pflkit.models.PFLModel` (GPFL's conditional
+        valve, FedRoD's two heads) builds that module here from its state and the view."""
+        weights = view.get("weights") if upload is None else upload.get("weights")
+        if weights is None:
+            where = "view" if upload is None else "upload"
+            raise PflkitError(
+                f"algorithm '{self.name}' has no personal model and its {where} holds no "
+                "'weights': override personal_model (docs/guide.md)"
+            )
+        return load_model(env, weights)
 
     def features(self, model: nn.Module, x: Tensor) -> Tensor:
-        """The features of ``x`` that the scoring ``model`` (:meth:`scoring_model`) classifies,
+        """The features of ``x`` that the scoring ``model`` (:meth:`personal_model`) classifies,
         ``[B, K]``, for feature maps (``pflkit analyze features``, GPFL Fig. 2): by default the
         body output of its :class:`~pflkit.models.PFLModel`, the model itself or the one a
         scoring wrapper holds as ``model.model`` (FedProto's nearest prototype, FedRoD's two
@@ -210,20 +219,11 @@ class Algorithm:
             )
         return inner.features(x)
 
-    def trained_weights(
-        self, env: ClientEnv, view: Payload, upload: Upload, state: State, ctx: RoundContext
-    ) -> Weights:
-        """The client's model right after its local training in this round, for MAP's
-        personalization protocol (selected clients, after local training): its personalized
-        model if it keeps one, else the model it uploaded."""
-        personal = self.personal_weights(env, view, state, ctx)
-        return personal if personal is not None else upload["weights"]
-
     def adapt_holdout(
         self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext
     ) -> State:
         """The personalization step of a held-out client (``data.holdout_clients``: a client
-        that never trains), run before it is scored with :meth:`personal_weights`. The engine
+        that never trains), run before it is scored with :meth:`personal_model`. The engine
         calls it once per phase of ``phases(round)``, in order, with the payload ``configure``
         gives that client from the server state after the round, ``ctx.phase`` the phase's
         name, and the state the previous call returned (first: ``client_init``); torch is
@@ -237,6 +237,14 @@ class Algorithm:
         first state. An algorithm whose local update needs what a held-out client cannot have
         overrides it (docs/guide.md, "Held-out clients", lists which)."""
         return self.client_update(env, payload, state, ctx).state
+
+
+def load_model(env: ClientEnv, weights: Weights, slot: int | str = 0) -> nn.Module:
+    """The client's reusable model in ``slot`` holding ``weights`` (what
+    :meth:`Algorithm.personal_model` returns for a plain personalized model)."""
+    model = env.model(slot)
+    set_weights(model, weights)
+    return model
 
 
 def vectorizable(cls: type[Algorithm]) -> bool:
@@ -342,7 +350,6 @@ def train_from(
     """Load ``weights`` into the client's reusable model, train it locally in round context
     ``ctx`` (:meth:`ClientEnv.train`), return ``(new weights, mean loss)``: the body of every
     FedAvg-like client step."""
-    model = env.model(slot)
-    set_weights(model, weights)
+    model = load_model(env, weights, slot)
     loss = env.train(model, ctx, **overrides)
     return get_weights(model), loss

@@ -1,10 +1,16 @@
-"""The round context: what a client's work in one round needs to know besides its environment,
-its payload and its state, passed explicitly to every client-side hook of the contract
-(:meth:`~pflkit.algorithms.Algorithm.client_update`, ``personal_weights``,
-``trained_weights``) and from there to :meth:`~pflkit.algorithms.ClientEnv.train`.
+"""The two contexts of the contract, one per side, both frozen: hooks read them, never change
+them.
 
-The engine builds one per client and exchange (:func:`pflkit.engine.clients.round_context`);
-a test builds one by hand, e.g. ``RoundContext(1)`` for plain SGD in round 1.
+- :class:`RoundContext`: what a client's work in one round needs to know besides its
+  environment, its payload and its state, passed to every client-side hook
+  (:meth:`~pflkit.algorithms.Algorithm.client_update`, ``personal_model``, ``adapt_holdout``)
+  and from there to :meth:`~pflkit.algorithms.ClientEnv.train`. The engine builds one per
+  client and exchange (:func:`pflkit.engine.clients.round_context`).
+- :class:`ServerContext`: the same for the server-side hooks (``configure``, ``aggregate``,
+  ``eval_view``): the round, the exchange and the run's seed.
+
+A test builds them by hand, e.g. ``RoundContext(1)`` for plain SGD in round 1 and
+``ServerContext(1)`` for its aggregation.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ import math
 from dataclasses import dataclass
 
 from pflkit.primitives.training import LocalOptim
+
+EVALUATE = "evaluate"
+"""The phase name of evaluation contexts (client and server side)."""
 
 
 @dataclass(frozen=True)
@@ -46,3 +55,16 @@ class RoundContext:
         if self.work >= 1 or steps == 0:
             return steps
         return max(1, math.floor(self.work * steps))
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """One server-side step of a round, as the engine runs it: the arguments of every
+    server hook after the server state (frozen, like :class:`RoundContext`)."""
+
+    round: int
+    """The round, 1-based."""
+    phase: str = "train"
+    """The exchange (one of ``phases(round)``), :data:`EVALUATE` for evaluation views."""
+    seed: int = 0
+    """The run's seed (``seed``)."""

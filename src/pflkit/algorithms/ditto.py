@@ -54,13 +54,16 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from pflkit.algorithms.base import (
     Payload,
     RoundContext,
     State,
     Update,
+    Upload,
     Weighting,
+    load_model,
     param,
     register,
     train_from,
@@ -123,8 +126,18 @@ class Ditto(FedAvg):
         metrics = {**glob.metrics, "personal_loss": ploss}
         return Update(glob.upload, {**state, "personal": personal}, metrics)
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state.get("personal")
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The personal model v_k; before it first trains, the global (or uploaded) model."""
+        if state.get("personal") is None:
+            return super().personal_model(env, view, state, ctx, upload)
+        return load_model(env, state["personal"])
 
 
 @register

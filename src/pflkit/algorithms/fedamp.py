@@ -75,9 +75,20 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, param, register
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    RoundContext,
+    ServerContext,
+    State,
+    Update,
+    Upload,
+    load_model,
+    param,
+    register,
+)
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
@@ -189,7 +200,7 @@ class FedAMP(Algorithm):
         return heuristic_attention(server["cos"][cid], cid, p.heur_sigma, p.heur_self_weight)
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         xi = self.attention_row(server, cid)
         stored = [self.stored(server, j) for j in range(env.num_clients)]
         return {"weights": cloud_model(stored, xi, stored[cid])}
@@ -204,7 +215,7 @@ class FedAMP(Algorithm):
         weights = get_weights(model)
         return Update({"weights": weights}, {**state, "weights": weights}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
         models = dict(server["models"])
         for cid, up in uploads.items():
             models[cid] = up["weights"]
@@ -223,11 +234,17 @@ class FedAMP(Algorithm):
         return {**server, "models": models, "sqdist": sqdist, "cos": cos}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None  # one cloud model per client, no global model
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        return {}  # one cloud model per client, no global model; w_i is on the client
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        return {}  # the personalized model w_i is on the client
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state.get("weights") or common_init(env)
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        return load_model(env, state.get("weights") or common_init(env))

@@ -44,7 +44,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register, train_from
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    ServerContext,
+    State,
+    Update,
+    param,
+    register,
+    train_from,
+)
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedbn import FedBN
 from pflkit.algorithms.pfedsim import warmup_rounds
@@ -145,8 +154,8 @@ class FedAP(FedBN):
         dists = [bn_wasserstein(stats[cid], stats[j]) for j in others]
         return fedap_weights(cid, others, dists, self.params.momentum)
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
-        if rnd <= self.t_g(env):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+        if ctx.round <= self.t_g(env):
             return {"weights": server["weights"]}
         if cid not in server["stats"]:
             return {"weights": self.stored(server, cid), "need_stats": True}
@@ -170,9 +179,9 @@ class FedAP(FedBN):
         upload = {"weights": without(weights, keys), "num_samples": env.num_train, **extra}
         return Update(upload, {**state, "bn": only(weights, keys)}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
-        if rnd <= self.t_g(env):
-            return super().aggregate(env, server, uploads, rnd, phase)
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+        if ctx.round <= self.t_g(env):
+            return super().aggregate(env, server, uploads, ctx)
         personal, stats = dict(server["personal"]), dict(server["stats"])
         for cid, up in uploads.items():
             personal[cid] = up["weights"]
@@ -180,8 +189,9 @@ class FedAP(FedBN):
                 stats[cid] = up["stats"]
         return {**server, "personal": personal, "stats": stats}
 
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None
-
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        return {"weights": self.stored(server, cid)}
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        """The client's stored personalized model (no global model: ``cid`` None gives
+        nothing)."""
+        return {} if cid is None else {"weights": self.stored(server, cid)}

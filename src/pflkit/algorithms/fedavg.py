@@ -18,6 +18,7 @@ from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
     Weighting,
@@ -52,6 +53,6 @@ class FedAvg(Algorithm):
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, state, {"train_loss": loss})
 
-    def aggregate(self, env, server, uploads, rnd, phase) -> State:
+    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
         uniform = self.params.weighting == "uniform"
         return {**server, "weights": weighted_average(uploads, uniform=uniform)}

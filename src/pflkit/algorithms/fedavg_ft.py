@@ -12,7 +12,18 @@ this scores every client after ``ft_epochs`` of fine-tuning from the same global
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import Payload, RoundContext, State, param, register, train_from
+from torch import nn
+
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    State,
+    Upload,
+    load_model,
+    param,
+    register,
+    train_from,
+)
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 
@@ -26,7 +37,16 @@ class FedAvgFT(FedAvg):
         ft_epochs: int = param(1, "pflkit (one epoch of fine-tuning)", gt=0)
         ft_lr: float | None = param(None, "pflkit (None: train.lr)", gt=0)
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The global model fine-tuned on the client's training split (under MAP's protocol
+        too: FedAvg-FT's personalized model is always the fine-tuned global one)."""
         lr = self.params.ft_lr or env.run.train.lr
         weights, _ = train_from(env, view["weights"], ctx, epochs=self.params.ft_epochs, lr=lr)
-        return weights
+        return load_model(env, weights)

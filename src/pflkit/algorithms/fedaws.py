@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, param, register, weighted_average
+from pflkit.algorithms.base import Payload, ServerContext, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
@@ -179,7 +179,7 @@ class FedAwS(FedAvg):
         lr = self.params.server_lr
         return PAPER_LR_MULTIPLIER * env.run.train.lr if lr is None else lr
 
-    def aggregate(self, env, server, uploads, rnd, phase):
+    def aggregate(self, env, server, uploads, ctx: ServerContext):
         p = self.params
         weights: Weights = weighted_average(uploads, uniform=p.weighting == "uniform")
         key, _ = final_linear(env.model())

@@ -22,12 +22,17 @@ Deviations: none.
 
 from __future__ import annotations
 
+from torch import nn
+
 from pflkit.algorithms.base import (
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
+    Upload,
     Weighting,
+    load_model,
     param,
     register,
     train_from,
@@ -62,11 +67,21 @@ class FedBN(FedAvg):
         upload = {"weights": without(weights, keys), "num_samples": env.num_train}
         return Update(upload, {**state, "bn": only(weights, keys)}, {"train_loss": loss})
 
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None if bn_keys(env.model()) else server["weights"]
-
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        """The global model; with BatchNorm layers there is none to score on the global test
+        set (``cid`` None gives nothing): each client keeps its own statistics."""
+        if cid is None and bn_keys(env.model()):
+            return {}
         return {"weights": server["weights"]}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return merged(env.model(), view["weights"], state["bn"])
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        return load_model(env, merged(env.model(), view["weights"], state["bn"]))

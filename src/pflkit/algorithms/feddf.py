@@ -65,10 +65,12 @@ from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
     Upload,
     Weighting,
+    load_model,
     param,
     register,
     train_from,
@@ -187,7 +189,7 @@ class FedDF(Algorithm):
         protos = {a: env.init_weights(a) for a in sorted(set(env.archs))}
         return {"protos": protos, "fusion": {}}
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return {"weights": server["protos"][env.arch(cid)]}
 
     def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
@@ -229,7 +231,9 @@ class FedDF(Algorithm):
             patience=p.patience,
         )
 
-    def aggregate(self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd, phase):
+    def aggregate(
+        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
+    ):
         teacher = self.ensemble_teacher(env, uploads)  # all clients, every architecture
         protos = dict(server["protos"])
         fusion: dict[str, dict[str, float]] = {}
@@ -245,17 +249,26 @@ class FedDF(Algorithm):
             protos[arch] = get_weights(model)
         return {**server, "protos": protos, "fusion": fusion}
 
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        # a single global model exists only when every client shares the global architecture
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        """The client's architecture's prototype; with ``cid`` None the global architecture's,
+        when every client shares it (else there is no single global model)."""
+        if cid is not None:
+            return {"proto": server["protos"][env.arch(cid)]}
         if set(env.archs) == {env.global_arch}:
-            return server["protos"][env.global_arch]
-        return None
+            return {"weights": server["protos"][env.global_arch]}
+        return {}
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        return {"proto": server["protos"][env.arch(cid)]}
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return view["proto"]  # its architecture's prototype
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        return load_model(env, view["proto"])  # its architecture's prototype
 
 
 @register
@@ -271,7 +284,14 @@ class PFedDF(FedDF):
             None, "pflkit (None: train.local_epochs); KT-pFL: 'several epochs'", gt=0
         )
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
         epochs = self.params.ft_epochs or env.run.train.local_epochs
         weights, _ = train_from(env, view["proto"], ctx, epochs=epochs)
-        return weights
+        return load_model(env, weights)

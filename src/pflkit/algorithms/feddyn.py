@@ -60,6 +60,7 @@ from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
     Weighting,
@@ -137,7 +138,7 @@ class FedDyn(Algorithm):
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, {**state, "grad": new_grad}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
         p = self.params
         theta, h = feddyn_server_update(
             server["weights"],

@@ -52,13 +52,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
+    Upload,
+    load_model,
     param,
     register,
     train_from,
@@ -164,8 +168,8 @@ class FedFomo(Algorithm):
             chosen.append(i)
         return sorted(avail[i] for i in chosen)
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
-        ids = self.neighbours(env, server, cid, rnd)
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+        ids = self.neighbours(env, server, cid, ctx.round)
         payload: Payload = {
             "ids": torch.tensor(ids, dtype=torch.int64, device=env.device),
             "models": [server["models"][j] for j in ids],
@@ -192,7 +196,7 @@ class FedFomo(Algorithm):
         upload = {"weights": weights, "ids": payload["ids"], "w": w}
         return Update(upload, {**state, "weights": weights}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
         models = dict(server["models"])
         P = server["P"].clone()
         for cid, up in uploads.items():
@@ -201,11 +205,20 @@ class FedFomo(Algorithm):
                 P[cid, up["ids"]] += up["w"]
         return {**server, "models": models, "recent": sorted(uploads), "P": P}
 
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        # used only before the client's first round; no global model (cid None: nothing)
+        return {} if cid is None else {"weights": server["init"]}
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        return {"weights": server["init"]}  # used only before the client's first round
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state.get("weights")
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        if state.get("weights") is None:
+            return super().personal_model(env, view, state, ctx, upload)
+        return load_model(env, state["weights"])

@@ -68,6 +68,7 @@ from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
     Weighting,
@@ -175,7 +176,7 @@ class FedGen(Algorithm):
             "labels": torch.zeros(0, dtype=torch.int64, device=env.device),
         }
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         if not server["trained"]:
             return {"weights": server["weights"]}
         return {"weights": server["weights"], "gen": server["gen"], "labels": server["labels"]}
@@ -248,7 +249,7 @@ class FedGen(Algorithm):
             opt.step()
         return {"gen": get_weights(gen), "gen_opt": opt.state_dict()}, labels
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
         avg = weighted_average(uploads, uniform=self.params.weighting == "uniform")
-        gen, labels = self.train_generator(env, server, uploads, rnd)
+        gen, labels = self.train_generator(env, server, uploads, ctx.round)
         return {**server, **gen, "weights": avg, "labels": labels, "trained": True}

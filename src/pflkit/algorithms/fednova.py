@@ -59,7 +59,7 @@ Options and deviations:
   parameters (here they are averaged), its 5-round lr warm-up, and at least 5 local steps.
   ``train.grad_clip: 100`` gives its gradient clipping (clipping makes ||a_i||_1 inexact, as in
   the code). Local training must be SGD (``train.optimizer: sgd``; refused otherwise).
-- Evaluation: the global model (``personal_weights`` None); MAP's selected-clients protocol
+- Evaluation: the global model (the default ``personal_model``); MAP's selected-clients protocol
   scores the client's model after its local training (kept in client state for it).
 """
 
@@ -69,13 +69,16 @@ from collections.abc import Mapping
 from typing import Literal
 
 import torch
+from torch import nn
 
 from pflkit.algorithms.base import (
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
     Upload,
+    load_model,
     param,
     register,
     weighted_average,
@@ -217,7 +220,7 @@ class FedNova(FedAvg):
         new_state = {**state, "weights": trained} if env.run.selected_eval else state
         return Update(upload, new_state, {"train_loss": loss})
 
-    def aggregate(self, env, server: State, uploads: Mapping, rnd: int, phase: str) -> State:
+    def aggregate(self, env, server: State, uploads: Mapping, ctx: ServerContext) -> State:
         p = self.params
         x, m = nova_server_step(
             server["weights"],
@@ -232,7 +235,16 @@ class FedNova(FedAvg):
             new["momentum"] = m
         return new
 
-    def trained_weights(
-        self, env: ClientEnv, view: Payload, upload: Upload, state: State, ctx: RoundContext
-    ):
-        return state["weights"]  # after this round's local training (the upload is d_i)
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The global model; under MAP's protocol the model after this round's local training
+        (its state: the upload is d_i, not a model)."""
+        if upload is None:
+            return super().personal_model(env, view, state, ctx)
+        return load_model(env, state["weights"])

@@ -57,7 +57,7 @@ from typing import Literal
 
 import torch
 
-from pflkit.algorithms.base import State, param, register, weighted_average
+from pflkit.algorithms.base import ServerContext, State, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
@@ -156,7 +156,7 @@ class FedOpt(FedAvg):
         v_init = p.tau**2 if p.v_init is None else p.v_init
         return {"weights": weights, **fedopt_state(weights, keys, p.server_opt, v_init)}
 
-    def aggregate(self, env, server: State, uploads: Mapping, rnd: int, phase: str) -> State:
+    def aggregate(self, env, server: State, uploads: Mapping, ctx: ServerContext) -> State:
         p = self.params
         mean = weighted_average(uploads, uniform=p.weighting == "uniform")
         x, m, v = fedopt_server_step(

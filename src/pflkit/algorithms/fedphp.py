@@ -33,7 +33,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
+from torch import nn
+
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    State,
+    Update,
+    Upload,
+    load_model,
+    param,
+    register,
+)
 from pflkit.algorithms.blocks.hpm import HPMParams, personalize
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
@@ -60,5 +71,15 @@ class FedPHP(FedAvg):
             state = {**state, "weights": upload["weights"]}
         return Update(upload, state, {"train_loss": loss})
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state.get("weights" if self.params.personal == "trained" else "hpm")
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        personal = state.get("weights" if self.params.personal == "trained" else "hpm")
+        if personal is None:
+            return super().personal_model(env, view, state, ctx, upload)
+        return load_model(env, personal)

@@ -12,7 +12,7 @@ and, for the weighted mean only, ``|D_ij|`` (``counts [n_i]`` int64): ``n_i * d 
 others' (client state ``weights``; it starts from the run's common initial model of its
 architecture, :func:`~pflkit.algorithms.blocks.split.common_init`) and its last uploaded
 prototypes (client state ``protos``). No model is ever averaged
-and there is no global model (``global_weights`` is None, no ``global_acc``).
+and there is no global model (``eval_view`` gives the server none, no ``global_acc``).
 
 Client i, given the global prototypes ``C_bar`` (the features ``h = model.features(x)``):
 
@@ -78,9 +78,11 @@ from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
     Upload,
+    load_model,
     param,
     register,
 )
@@ -90,17 +92,13 @@ from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
 from pflkit.primitives.training import (
     LossFn,
-    Weights,
     get_weights,
     set_weights,
     steps_per_epoch,
-    unprefixed,
 )
 
 Reg = Literal["class_mean_l2", "sample_mse"]
 ProtoSet = dict[str, Tensor]  # {"classes": int64 [K], "protos": float [K, d]}
-MODEL_GROUPS = ("body", "head")
-PROTO_PREFIX = "proto."
 
 
 # -- prototypes -------------------------------------------------------------------------------------
@@ -276,10 +274,6 @@ class NearestPrototype(nn.Module):
         return out
 
 
-def model_weights(weights: Mapping[str, Tensor]) -> Weights:
-    return {k: v for k, v in weights.items() if k.split(".")[0] in MODEL_GROUPS}
-
-
 def require_same_feature_dim(env: ServerEnv, name: str) -> int:
     """The clients' common ``feature_dim``, or a :class:`PflkitError` when they differ."""
     dims = {arch: env.model(arch).feature_dim for arch in sorted(set(env.archs))}
@@ -336,7 +330,7 @@ class FedProto(Algorithm):
         return {"weights": common_init(env)}
 
     # -- one round ------------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str) -> Payload:
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         if "classes" not in server:
             return {}
         return {"classes": server["classes"], "protos": server["protos"]}
@@ -403,7 +397,7 @@ class FedProto(Algorithm):
         return {"protos": {k: upload[k].clone() for k in ("classes", "protos")}}
 
     def aggregate(
-        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd: int, phase: str
+        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
     ) -> State:
         ups = [uploads[c] for c in sorted(uploads) if len(uploads[c]["classes"])]
         if not ups:
@@ -413,37 +407,39 @@ class FedProto(Algorithm):
         return {**server, **merge_prototypes(old, new)}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None
-
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        """The global prototypes when the client scores by them; nothing otherwise."""
-        if self.params.inference == "prototype" and "classes" in server:
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        """The global prototypes when the client scores by them; nothing otherwise (no global
+        model: ``cid`` None gives nothing)."""
+        if cid is not None and self.params.inference == "prototype" and "classes" in server:
             return {"classes": server["classes"], "protos": server["protos"]}
         return {}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        w = dict(state["weights"])
-        if self.params.inference == "prototype" and "classes" in view:
-            w[PROTO_PREFIX + "classes"] = view["classes"]
-            w[PROTO_PREFIX + "protos"] = view["protos"]
-        return w
-
-    def allowed_classes(self, env: ClientEnv) -> Tensor | None:
-        if not self.params.restrict_to_local_classes:
-            return None
-        return class_mask(torch.unique(env.data.train_y), env.num_classes, env.device)
-
-    def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:
-        model = env.model()
-        set_weights(model, model_weights(weights))
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The client's model, scored by its head or (``inference: prototype``) by the nearest
+        global prototype of the view (none before the first aggregation)."""
+        model = load_model(env, state["weights"])
         if self.params.inference == "head":
             return model
-        pset = unprefixed(weights, PROTO_PREFIX)
-        if not pset:
+        if "classes" in view:
+            pset = {"classes": view["classes"], "protos": view["protos"]}
+        else:
             pset = {
                 "classes": torch.zeros(0, dtype=torch.long, device=env.device),
                 "protos": torch.zeros(0, model.feature_dim, device=env.device),
             }
         pset = {k: v.to(env.device) for k, v in pset.items()}
         return NearestPrototype(model, pset, env.num_classes, self.allowed_classes(env))
+
+    def allowed_classes(self, env: ClientEnv) -> Tensor | None:
+        if not self.params.restrict_to_local_classes:
+            return None
+        return class_mask(torch.unique(env.data.train_y), env.num_classes, env.device)

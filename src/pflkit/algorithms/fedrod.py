@@ -34,7 +34,16 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    State,
+    Update,
+    Upload,
+    load_model,
+    param,
+    register,
+)
 from pflkit.algorithms.blocks.rs import class_counts
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
@@ -135,14 +144,15 @@ class FedRoD(FedAvg):
         upload = {"weights": get_weights(model), "num_samples": env.num_train}
         return Update(upload, {**state, "phead": new_head}, {"train_loss": loss})
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return {**view["weights"], **prefixed(state["phead"], "p.")}
-
-    def trained_weights(self, env, view, upload, state, ctx):
-        return {**upload["weights"], **prefixed(state["phead"], "p.")}
-
-    def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:
-        model = env.model()
-        set_weights(model, {k: v for k, v in weights.items() if not k.startswith("p.")})
-        phead = self._phead(env, unprefixed(weights, "p."))
-        return TwoHeads(model, phead, self.params.variant)
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The two heads on the received body (under MAP's protocol the uploaded model) with the
+        client's private head."""
+        model = load_model(env, view["weights"] if upload is None else upload["weights"])
+        return TwoHeads(model, self._phead(env, state["phead"]), self.params.variant)

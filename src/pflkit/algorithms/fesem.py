@@ -64,14 +64,17 @@ from typing import Literal
 
 import numpy as np
 import torch
+from torch import nn
 
 from pflkit.algorithms.base import (
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
     Upload,
     Weighting,
+    load_model,
     param,
     register,
     weighted_average,
@@ -166,7 +169,7 @@ class FeSEM(FedAvg):
         return server["weights"] if k is None else server["centers"][k]
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return {"weights": self.center_of(server, cid)}
 
     def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
@@ -177,11 +180,11 @@ class FeSEM(FedAvg):
             )
         return update
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
         centers = dict(server["centers"])
         missing = [k for k in range(self.params.num_clusters) if k not in centers]
         if missing:  # init="clients": centres from distinct clients of this round
-            rng = np.random.default_rng(common_seed(env.run.seed, _INIT_DRAW, rnd))
+            rng = np.random.default_rng(common_seed(env.run.seed, _INIT_DRAW, ctx.round))
             pool = sorted(uploads)
             drawn = rng.choice(len(pool), size=min(len(missing), len(pool)), replace=False)
             for k, j in zip(missing, drawn, strict=False):
@@ -192,11 +195,20 @@ class FeSEM(FedAvg):
         return {**server, "centers": centers, "assign": {**server["assign"], **assign}}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None  # K centre models, no single global one
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        # its cluster's centre model; K centre models, no single global one (cid None: nothing)
+        return {} if cid is None else {"weights": self.center_of(server, cid)}
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        return {"weights": self.center_of(server, cid)}
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state.get("weights") if self.params.personal == "local" else None
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        if self.params.personal == "local" and state.get("weights") is not None:
+            return load_model(env, state["weights"])
+        return super().personal_model(env, view, state, ctx, upload)

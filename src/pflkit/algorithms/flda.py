@@ -37,7 +37,7 @@ on every client, as the code's deep copies); v_k, c_k start as PyTorch's default
 ``nn.Linear(d, 1)`` init, U(-1/sqrt(d), 1/sqrt(d)) (the code's gate layer; same on every
 client). A client that has not trained yet is scored with the global model (it has no private
 model yet). Selected clients under MAP's protocol are scored on the mixture with the G they just
-trained (``trained_weights``).
+trained (``personal_model`` with the upload).
 
 Sources and deviations: the paper's text was not available to us. From its abstract and
 summaries: each user keeps a private model next to the general shared model, a learned
@@ -61,7 +61,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    State,
+    Update,
+    Upload,
+    load_model,
+    param,
+    register,
+)
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
@@ -70,9 +79,7 @@ from pflkit.primitives.training import (
     LossFn,
     Weights,
     get_weights,
-    prefixed,
     set_weights,
-    unprefixed,
 )
 
 Variant = Literal["paper", "map_code"]
@@ -188,25 +195,20 @@ class FLDA(FedAvg):
         return Update(upload, new_state, {"train_loss": loss})
 
     # -- evaluation ----------------------------------------------------------------------------
-    def _personal(self, general: Weights, state: State) -> Weights | None:
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The gated mixture of the general model (the view's; under MAP's protocol the
+        uploaded one) and the private model; before the client first trains, the general
+        model alone."""
+        model = super().personal_model(env, view, state, ctx, upload)
         if "private" not in state:  # never trained: the global model
-            return None
-        out = {**general, **prefixed(state["private"], "p.")}
-        out["gate.weight"], out["gate.bias"] = state["gate"]["weight"], state["gate"]["bias"]
-        return out
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return self._personal(view["weights"], state)
-
-    def trained_weights(self, env, view, upload, state, ctx):
-        return self._personal(upload["weights"], state)
-
-    def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:
-        model = env.model()
-        set_weights(model, {k: v for k, v in weights.items() if not k.startswith(("p.", "gate."))})
-        if "gate.weight" not in weights:
             return model
-        pmodel = env.model(P_SLOT)
-        set_weights(pmodel, unprefixed(weights, "p."))
-        gate = (weights["gate.weight"], weights["gate.bias"])
+        pmodel = load_model(env, state["private"], P_SLOT)
+        gate = (state["gate"]["weight"], state["gate"]["bias"])
         return GatedMixture(model, pmodel, gate, self.params.variant)

@@ -64,8 +64,10 @@ from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
+    Upload,
     Weighting,
     param,
     register,
@@ -177,8 +179,8 @@ def decay(tensors: list[Tensor], mu: float) -> GradHook:
 
 class GPFLNet(nn.Module):
     """The personalized model with CoV: ``model.head(CoV(model.features(x)))`` with the fixed
-    ``gamma``, ``beta`` (computed once from p by :meth:`GPFL.scoring_model`, which scores the
-    plain model instead when the weights carry no ``cond.p``: the no-CoV ablation)."""
+    ``gamma``, ``beta`` (computed once from p_i by :meth:`GPFL.personal_model`, which scores
+    the plain model instead for the no-CoV ablation)."""
 
     def __init__(self, model: PFLModel, gamma: Tensor, beta: Tensor):
         super().__init__()
@@ -246,10 +248,10 @@ class GPFL(Algorithm):
             "alpha": counts / counts.sum(),
         }
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str) -> Payload:
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         return {"shared": server["shared"]}
 
-    def aggregate(self, env, server, uploads, rnd, phase) -> State:
+    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
         uniform = self.params.weighting == "uniform"
         return {**server, "shared": weighted_average(uploads, "shared", uniform=uniform)}
 
@@ -327,40 +329,33 @@ class GPFL(Algorithm):
         return Update(upload, new_state, {"train_loss": loss})
 
     # -- evaluation ----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        return {} if cid is None else {"shared": server["shared"]}  # no global model
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        return {"shared": server["shared"]}
-
-    def _personal(self, env: ClientEnv, shared: Weights, state: State) -> Weights:
+    @torch.no_grad()
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The personalized model: the shared body (the view's; under MAP's protocol the one this
+        client trained, its upload) with the private head psi_i, through CoV conditioned on p_i
+        (:class:`GPFLNet`); the plain model for the no-CoV ablation."""
+        shared = view["shared"] if upload is None else upload["shared"]
         model = env.model()
-        out = group(model, shared, "body")
-        out.update(state["head"])
-        if self.params.use_cov:
-            out.update({n: v for n, v in shared.items() if n.startswith("cov.")})
-            out["cond.p"] = self._inputs(env, shared, state, model.feature_dim)[1]
-        return out
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return self._personal(env, view["shared"], state)
-
-    def trained_weights(self, env, view, upload, state, ctx):
-        return self._personal(env, upload["shared"], state)
+        set_weights(model, {**group(model, shared, "body"), **state["head"]})
+        if not self.params.use_cov:
+            return model
+        p_i = self._inputs(env, shared, state, model.feature_dim)[1]
+        gamma, beta = cov_params(shared, p_i)
+        return GPFLNet(model, gamma, beta)
 
     def features(self, model: nn.Module, x: Tensor) -> Tensor:
         """The personalized route f^P = CoV(phi(x), p_i) that psi_i classifies (GPFL Fig. 2's
         features); the body output for the no-CoV ablation, which scores the plain model."""
         return model.route(x) if isinstance(model, GPFLNet) else super().features(model, x)
-
-    @torch.no_grad()
-    def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:
-        model = env.model()
-        set_weights(model, {k: v for k, v in weights.items() if k.split(".")[0] in MODEL_GROUPS})
-        if "cond.p" not in weights:
-            return model
-        gamma, beta = cov_params(weights, weights["cond.p"])
-        return GPFLNet(model, gamma, beta)
-
-
-MODEL_GROUPS = ("body", "head")

@@ -88,15 +88,17 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
-from torch import Tensor
+from torch import Tensor, nn
 
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
     Upload,
+    load_model,
     param,
     register,
 )
@@ -334,9 +336,9 @@ class KTpFLHomo(Algorithm):
             "c_self_mass": [],
         }
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         payload: Payload = {"weights": server["personal"].get(cid, server["weights"])}
-        idx = public_indices(env, rnd, self.params.public_per_round)
+        idx = public_indices(env, ctx.round, self.params.public_per_round)
         if idx is not None:
             payload["public_idx"] = idx
         return payload
@@ -354,7 +356,9 @@ class KTpFLHomo(Algorithm):
         }
         return Update(upload, {"weights": weights}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd, phase):
+    def aggregate(
+        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
+    ):
         active_list = sorted(uploads)
         active = torch.tensor(active_list, device=env.device)
         models = [uploads[c]["weights"] for c in active_list]
@@ -369,13 +373,22 @@ class KTpFLHomo(Algorithm):
         c = update_coefficients(server["c"], active, soft, num, self.params)
         return with_c({**server, "personal": personal}, c)
 
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None
-
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        """The model client ``cid`` would download: its personalised mix, or the initial one."""
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        """The model client ``cid`` would download: its personalised mix, or the initial one
+        (no global model: ``cid`` None gives nothing)."""
+        if cid is None:
+            return {}
         return {"weights": server["personal"].get(cid, server["weights"])}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
         # its model after its last local training, or the model it would download
-        return state.get("weights", view["weights"])
+        return load_model(env, state.get("weights", view["weights"]))

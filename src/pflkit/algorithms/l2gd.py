@@ -73,13 +73,17 @@ from typing import Literal
 
 import numpy as np
 import torch
+from torch import nn
 
 from pflkit.algorithms.base import (
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
+    Upload,
     Weighting,
+    load_model,
     param,
     register,
     train_from,
@@ -170,9 +174,9 @@ class L2GD(FedAvg):
         return {"weights": common_init(env)}
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         n = {} if self.params.eta is None else {"num_clients": env.num_clients}
-        return {"weights": server["weights"], **n} if phase == "pull" else n
+        return {"weights": server["weights"], **n} if ctx.phase == "pull" else n
 
     def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         p, t = self.params, env.run.train
@@ -191,17 +195,19 @@ class L2GD(FedAvg):
         upload = {"weights": x, "num_samples": env.num_train}
         return Update(upload, {**state, "weights": x}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
-        if phase == "pull":
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+        if ctx.phase == "pull":
             return server
         uniform = self.params.weighting == "uniform"
         return {**server, "weights": weighted_average(uploads, uniform=uniform)}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state["weights"]
-
-    def trained_weights(
-        self, env: ClientEnv, view: Payload, upload, state: State, ctx: RoundContext
-    ):
-        return state["weights"]
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        return load_model(env, state["weights"])

@@ -8,12 +8,17 @@ clients train for the configured local epochs.
 
 from __future__ import annotations
 
+from torch import nn
+
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
+    Upload,
+    load_model,
     register,
     train_from,
 )
@@ -35,15 +40,22 @@ class Local(Algorithm):
     def client_init(self, env: ClientEnv) -> State:
         return {"weights": env.init_weights()}
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return {}
 
     def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
         weights, loss = train_from(env, state["weights"], ctx)
         return Update({}, {"weights": weights}, {"train_loss": loss})
 
-    def aggregate(self, env, server, uploads, rnd, phase) -> State:
+    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
         return server
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state["weights"]
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        return load_model(env, state["weights"])

@@ -42,7 +42,20 @@ HPM starts as the result (§8.4). The code's gradient clipping at norm 100
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import Payload, RoundContext, State, Update, Weighting, param, register
+from torch import nn
+
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    ServerContext,
+    State,
+    Update,
+    Upload,
+    Weighting,
+    load_model,
+    param,
+    register,
+)
 from pflkit.algorithms.blocks.hpm import HPMParams, personalize
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
 from pflkit.algorithms.env import ClientEnv, ServerEnv
@@ -97,8 +110,18 @@ class MAP(RestrictedSoftmax, FedAvg):
         metrics = {"train_loss": loss_a, "train_loss_b": loss_b}
         return Update(upload, {**state, **hpm_state}, metrics)
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state.get("hpm")
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The HPM; before the client first trains, the global (or uploaded) model."""
+        if state.get("hpm") is None:
+            return super().personal_model(env, view, state, ctx, upload)
+        return load_model(env, state["hpm"])
 
 
 @register
@@ -121,10 +144,10 @@ class ScaMAP(MAP):
     def server_init(self, env: ServerEnv) -> State:
         return scaffold_server_init(env)
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return scaffold_payload(server)
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str):
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext):
         return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
     def stage_a(

@@ -67,7 +67,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register, train_from
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    ServerContext,
+    State,
+    Update,
+    param,
+    register,
+    train_from,
+)
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
@@ -143,14 +152,14 @@ class MOON(FedAvg):
             server["uploaded"] = []
         return server
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
-        payload = super().configure(env, server, cid, rnd, phase)
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+        payload = super().configure(env, server, cid, ctx)
         if "init" in server and cid not in server["uploaded"]:
             payload["init"] = server["init"]  # the client's previous model before its first
         return payload
 
-    def aggregate(self, env, server, uploads, rnd, phase) -> State:
-        new = super().aggregate(env, server, uploads, rnd, phase)
+    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
+        new = super().aggregate(env, server, uploads, ctx)
         if "uploaded" in server:
             new["uploaded"] = sorted(set(server["uploaded"]) | set(uploads))
         return new

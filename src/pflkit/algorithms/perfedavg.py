@@ -39,6 +39,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.func import functional_call
 
 from pflkit.algorithms.base import (
@@ -46,7 +47,9 @@ from pflkit.algorithms.base import (
     RoundContext,
     State,
     Update,
+    Upload,
     Weighting,
+    load_model,
     param,
     register,
     train_from,
@@ -134,8 +137,14 @@ class PerFedAvg(FedAvg):
         )
         return adapted
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return self.adapt(env, view["weights"], ctx)
-
-    def trained_weights(self, env, view, upload, state, ctx):
-        return self.adapt(env, upload["weights"], ctx)
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The global model (under MAP's protocol the uploaded one) adapted by one step."""
+        start = view["weights"] if upload is None else upload["weights"]
+        return load_model(env, self.adapt(env, start, ctx))

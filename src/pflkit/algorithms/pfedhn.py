@@ -61,9 +61,20 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, param, register
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    RoundContext,
+    ServerContext,
+    State,
+    Update,
+    Upload,
+    load_model,
+    param,
+    register,
+)
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
@@ -229,7 +240,7 @@ class PFedHN(Algorithm):
         return {k: t.contiguous() for k, t in theta.items()}
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return {"weights": self.generated(env, server, cid)}
 
     def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
@@ -246,7 +257,7 @@ class PFedHN(Algorithm):
         new_state = {**state, "weights": trained} if env.run.selected_eval else state
         return Update(upload, new_state, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
         p = self.params
         shapes = self.shapes(env)
         phi0, emb0 = server["phi"], server["embeddings"]
@@ -268,16 +279,20 @@ class PFedHN(Algorithm):
         }
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None  # no global model: one generated model per client
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        # no global model: one generated model per client (cid None: nothing)
+        return {} if cid is None else {"weights": self.generated(env, server, cid)}
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        return {"weights": self.generated(env, server, cid)}
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return view["weights"]
-
-    def trained_weights(
-        self, env: ClientEnv, view: Payload, upload, state: State, ctx: RoundContext
-    ):
-        return state["weights"]  # theta~_i, after this round's local steps
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The generated model h(v_i; phi); under MAP's protocol theta~_i, after this round's
+        local steps."""
+        return load_model(env, view["weights"] if upload is None else state["weights"])

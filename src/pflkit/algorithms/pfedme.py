@@ -34,8 +34,8 @@ Options for PFLlib's code (system/flcore, commit d832e76):
   The paper's inner problem has no such term: default 0. The reported training loss then
   includes (mu / 2) ||theta||^2 (the inner objective at the new theta).
 - ``scored``: what pflkit scores as pFedMe's personalized model. ``personal`` (default, the
-  paper): theta. ``global``: the global model w, scored as FedAvg's (``personal_weights`` is
-  None; under MAP's protocol, ``eval.selected_clients``, the uploaded w). This is what PFLlib's
+  paper): theta. ``global``: the global model w, scored as FedAvg's (the default ``personal_model``;
+  under MAP's protocol, ``eval.selected_clients``, the uploaded w). This is what PFLlib's
   "personalized" accuracy measures: ``optimizer.step`` returns the model's own parameter
   objects (fedoptimizer.py line 47), so ``personalized_params`` is the model
   (``clients/clientpFedMe.py`` line 56); the model is then set to the local w (line 68) and, at
@@ -53,10 +53,21 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.func import functional_call
 
-from pflkit.algorithms.base import Payload, RoundContext, State, Update, Weighting, param, register
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    ServerContext,
+    State,
+    Update,
+    Upload,
+    Weighting,
+    load_model,
+    param,
+    register,
+)
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.primitives.training import (
@@ -160,17 +171,22 @@ class PFedMe(FedAvg):
         upload = {"weights": w, "num_samples": env.num_train}
         return Update(upload, {**state, "personal": personal}, {"train_loss": loss})
 
-    def aggregate(self, env, server, uploads, rnd, phase) -> State:
-        mean = super().aggregate(env, server, uploads, rnd, phase)["weights"]
+    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
+        mean = super().aggregate(env, server, uploads, ctx)["weights"]
         b, old = self.params.beta, server["weights"]
         return {**server, "weights": convex_combination(old, mean, b)}
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
         if self.params.scored == "global":
-            return None  # the global model w
-        return state.get("personal")
-
-    def trained_weights(self, env, view, upload, state, ctx):
-        if self.params.scored == "global":
-            return upload["weights"]  # w after local training, as FedAvg is scored
-        return state["personal"]
+            # the global model w (under MAP's protocol after local training, as FedAvg's)
+            return super().personal_model(env, view, state, ctx, upload)
+        if upload is None and state.get("personal") is None:
+            return super().personal_model(env, view, state, ctx)
+        return load_model(env, state["personal"])

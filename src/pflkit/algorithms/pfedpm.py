@@ -84,14 +84,22 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, RoundContext, State, param, register
+from pflkit.algorithms.base import (
+    Payload,
+    RoundContext,
+    ServerContext,
+    State,
+    Upload,
+    load_model,
+    param,
+    register,
+)
 from pflkit.algorithms.blocks.split import common_seed
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedproto import (
     FedProto,
     ProtoSet,
     class_mask,
-    model_weights,
     proto_table,
     require_same_feature_dim,
     to_protoset,
@@ -100,14 +108,9 @@ from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
 from pflkit.primitives.training import (
     LossFn,
-    Weights,
     make_optimizer,
-    set_weights,
-    unprefixed,
 )
 
-REL_PREFIX = "rel."
-ANCHOR_PREFIX = "anchor."
 PAIR_CHUNK = 8192  # (sample, anchor) pairs scored at once at inference
 
 
@@ -330,25 +333,27 @@ class PFedPM(FedProto):
         return loss, extra, metrics
 
     # -- evaluation -----------------------------------------------------------------------------
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
         return {}  # both inference modes use only the client's own state
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        w = dict(state["weights"])
-        if self.params.inference == "relation":
-            w.update({REL_PREFIX + k: v for k, v in state["relation"].items()})
-            if "anchors" in state:
-                w.update({ANCHOR_PREFIX + k: v for k, v in state["anchors"].items()})
-        return w
-
-    def scoring_model(self, env: ClientEnv, weights: Weights) -> nn.Module:
-        model = env.model()
-        set_weights(model, model_weights(weights))
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The client's model, scored by its head or (``inference: relation``) by its relation
+        module against its anchors."""
+        model = load_model(env, state["weights"])
         if self.params.inference == "head":
             return model
         rel = self._relation(env, model.feature_dim)
-        rel.load_state_dict(unprefixed(weights, REL_PREFIX))
-        anchors = unprefixed(weights, ANCHOR_PREFIX)
+        rel.load_state_dict(state["relation"])
+        anchors = state.get("anchors", {})
         classes = anchors.get("classes", torch.zeros(0, dtype=torch.long)).to(env.device)
         protos = anchors.get("protos", torch.zeros(0, model.feature_dim)).to(env.device)
         allowed = None

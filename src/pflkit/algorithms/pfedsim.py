@@ -61,9 +61,12 @@ from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
+    Upload,
     Weighting,
+    load_model,
     param,
     register,
     train_from,
@@ -191,8 +194,8 @@ class PFedSim(Algorithm):
         return server["personal"].get(cid, server["weights"])
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
-        if rnd <= self.t_g(env):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+        if ctx.round <= self.t_g(env):
             return {"weights": server["weights"]}
         model = env.model()
         own = self.stored(server, cid)
@@ -213,9 +216,9 @@ class PFedSim(Algorithm):
         upload = {"weights": self.shared(model, weights), "num_samples": env.num_train}
         return Update(upload, new_state, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str) -> State:
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
         p = self.params
-        if rnd <= self.t_g(env):
+        if ctx.round <= self.t_g(env):
             avg = weighted_average(uploads, uniform=p.weighting == "uniform")
             return {**server, "weights": avg}
         head_keys = env.model().group_keys("head")
@@ -234,15 +237,23 @@ class PFedSim(Algorithm):
         return {**server, "personal": personal, "phi": phi}
 
     # -- evaluation -----------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        if self.params.bn_stats == "local" or rnd > self.t_g(env):
-            return None  # no global model after the warm-up (or without shared BN statistics)
-        if self.t_g(env) == 0:
-            return None
-        return server["weights"]
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        """The client's stored model; with ``cid`` None the global model during the warm-up
+        (with shared BN statistics), else none."""
+        if cid is not None:
+            return {"weights": self.stored(server, cid)}
+        if self.params.bn_stats == "local" or ctx.round > self.t_g(env) or self.t_g(env) == 0:
+            return {}  # no global model after the warm-up (or without shared BN statistics)
+        return {"weights": server["weights"]}
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        return {"weights": self.stored(server, cid)}
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return merged(env.model(), view["weights"], state.get("buffers", {}))
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        return load_model(env, merged(env.model(), view["weights"], state.get("buffers", {})))

@@ -72,15 +72,18 @@ from collections.abc import Mapping
 from typing import Literal, NamedTuple
 
 import torch
+from torch import nn
 
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
     Upload,
     Weighting,
+    load_model,
     param,
     register,
     weighted_average,
@@ -286,7 +289,7 @@ class Scaffold(Algorithm):
     def server_init(self, env: ServerEnv) -> State:
         return scaffold_server_init(env)
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return scaffold_payload(server)
 
     def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
@@ -308,16 +311,24 @@ class Scaffold(Algorithm):
             new_state["weights"] = step.weights
         return Update(upload, new_state, {"train_loss": step.loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str):
+    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext):
         return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state.get("weights") if self.params.personal == "local" else None
-
-    def trained_weights(
-        self, env: ClientEnv, view: Payload, upload: Upload, state: State, ctx: RoundContext
-    ):
-        return state["weights"]  # y, after this round's local steps (the upload is a delta)
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The global model, or with ``personal: local`` the client's own y; under MAP's protocol
+        y after this round's local steps (the upload is a delta)."""
+        if upload is not None:
+            return load_model(env, state["weights"])
+        if self.params.personal == "local" and state.get("weights") is not None:
+            return load_model(env, state["weights"])
+        return super().personal_model(env, view, state, ctx)
 
 
 @register

@@ -12,7 +12,7 @@ the clients. The paper does not say which split, how many samples, nor the t-SNE
 to ``per_client``) samples of its own local **test** split, computed by the model that the
 run's evaluation scores for that client: the final state (the run's checkpoint of its last
 round, :func:`~pflkit.engine.runner.load_finished`), the client's ``eval_view``,
-``personal_weights`` and ``scoring_model`` as in every evaluation
+``personal_model`` as in every evaluation
 (:func:`~pflkit.engine.clients.scored_model`, fine-tuning included when ``eval.finetune_epochs``
 is set), and the algorithm's :meth:`~pflkit.algorithms.Algorithm.features` of that module:
 the body output phi(x) by default (FedPer, FedProto), GPFL's personalized route
@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pflkit.algorithms.context import ServerContext
 from pflkit.engine.clients import EVALUATE, key_generator, round_context, scored_model
 from pflkit.engine.folder import check_out, make_folder
 from pflkit.engine.runner import load_finished
@@ -101,7 +102,7 @@ def client_features(sim, cid: int, idx: torch.Tensor) -> tuple[torch.Tensor, tor
     evaluation scores for it at the simulation's current round (module docstring)."""
     algo, env, cfg = sim.algo, sim.envs[cid], sim.cfg
     ctx = round_context(sim.senv.run, sim.round, EVALUATE)
-    view = algo.eval_view(sim.senv, sim.server, cid, sim.round)
+    view = algo.eval_view(sim.senv, sim.server, cid, ServerContext(sim.round, EVALUATE, cfg.seed))
     state = sim.client_state(cid)
     model = scored_model(algo, env, view, state, ctx, finetune_epochs=cfg.eval.finetune_epochs)
     x, batch = env.data.test_x[idx.to(env.data.test_x.device)], cfg.eval.batch_size

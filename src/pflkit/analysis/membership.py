@@ -59,8 +59,8 @@ AUCs are reported too.
   body with an attacker-fitted head. With several exchanges in a round, the last one that
   releases model tensors is attacked.
 - ``personal``: the model evaluation scores for the victim after the attacked round
-  (:func:`~pflkit.engine.clients.scored_model`: ``eval_view``, ``personal_weights`` and
-  ``scoring_model``, fine-tuning when ``eval.finetune_epochs`` is set).
+  (:func:`~pflkit.engine.clients.scored_model`: ``eval_view`` and ``personal_model``,
+  fine-tuning when ``eval.finetune_epochs`` is set).
 
 An algorithm whose upload is a known statistic (prototypes: FedProto, pFedPM; soft predictions
 on the public set: KT-pFL, FedMD, Sim-pFD, TopK-pFD) has no model upload: its ``upload`` target
@@ -112,6 +112,7 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import ALGORITHMS, Algorithm
 from pflkit.algorithms.blocks.distill import SoftTeacherKD
+from pflkit.algorithms.context import ServerContext
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedproto import FedProto
 from pflkit.config import ExperimentConfig
@@ -595,19 +596,19 @@ class _Recorder:
         self.phases: list[str] = []
         configure, aggregate = algo.configure, algo.aggregate
 
-        def recording_configure(env, server, cid, r, phase):
-            payload = configure(env, server, cid, r, phase)
-            if r == rnd and cid in self.payloads:
-                self.payloads[cid].setdefault(phase, payload)
+        def recording_configure(env, server, cid, sctx):
+            payload = configure(env, server, cid, sctx)
+            if sctx.round == rnd and cid in self.payloads:
+                self.payloads[cid].setdefault(sctx.phase, payload)
             return payload
 
-        def recording_aggregate(env, server, uploads, r, phase):
-            if r == rnd:
-                self.phases.append(phase)
+        def recording_aggregate(env, server, uploads, sctx):
+            if sctx.round == rnd:
+                self.phases.append(sctx.phase)
                 for cid in self.uploads:
                     if cid in uploads:
-                        self.uploads[cid][phase] = uploads[cid]
-            return aggregate(env, server, uploads, r, phase)
+                        self.uploads[cid][sctx.phase] = uploads[cid]
+            return aggregate(env, server, uploads, sctx)
 
         algo.configure = recording_configure  # type: ignore[method-assign]
         algo.aggregate = recording_aggregate  # type: ignore[method-assign]
@@ -747,7 +748,8 @@ def membership_study(
                     models: dict[str, nn.Module | None] = {}
                     hows: dict[str, str] = {}
                     if "personal" in use_targets and mia:
-                        view = algo.eval_view(senv, sim.server, v, rnd)
+                        sctx = ServerContext(rnd, EVALUATE, run_cfg.seed)
+                        view = algo.eval_view(senv, sim.server, v, sctx)
                         models["personal"] = scored_model(
                             algo, env, view, sim.client_state(v), ctx,
                             finetune_epochs=run_cfg.eval.finetune_epochs,

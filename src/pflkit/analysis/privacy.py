@@ -80,7 +80,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pflkit.algorithms.base import Algorithm, RoundContext
+from pflkit.algorithms.base import Algorithm, RoundContext, ServerContext
 from pflkit.algorithms.gpfl import GPFL, TABLE, cov_apply, cov_params, reg_norms
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
@@ -269,7 +269,7 @@ def victim_update(
     non-buffer tensors it both receives and uploads. The client's state is not changed."""
     cfg, algo = sim.cfg, sim.algo
     phase = algo.phases(rnd)[0]
-    payload = algo.configure(sim.senv, sim.server, cid, rnd, phase)
+    payload = algo.configure(sim.senv, sim.server, cid, ServerContext(rnd, phase, cfg.seed))
     env = sim.envs[cid]
     one_step = cfg.train.model_copy(
         update={

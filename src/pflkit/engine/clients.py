@@ -44,6 +44,7 @@ from torch import nn
 
 from pflkit.algorithms import Algorithm, build_algorithm
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
+from pflkit.algorithms.context import EVALUATE as EVALUATE  # re-exported: the engine's name for it
 from pflkit.algorithms.env import ClientEnv, RunFacts
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
 from pflkit.data.federated import FederatedDataset
@@ -52,7 +53,7 @@ from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
 from pflkit.experiment import validate
-from pflkit.primitives.training import Weights
+from pflkit.primitives.training import Weights, get_weights
 from pflkit.privacy import dpsgd
 
 # -- seeding (the same in every runner) ------------------------------------------------------------
@@ -110,9 +111,6 @@ def init_client(algo: Algorithm, env: ClientEnv, seed: int) -> State:
     """A client's first state (``client_init``, seeded by (seed, client))."""
     seed_torch(seed, 0, 0xC1, env.cid)
     return algo.client_init(env)
-
-
-EVALUATE = "evaluate"  # the phase name of evaluation contexts
 
 
 def round_context(run: RunFacts, rnd: int, phase: str, straggler: bool = False) -> RoundContext:
@@ -215,49 +213,21 @@ def scored_model(
     finetune_epochs: int = 0,
     adapt: Sequence[tuple[str, Payload]] | None = None,
 ) -> nn.Module:
-    """The module that evaluation scores for the client: its personalized model
-    (``personal_weights``; for a held-out client, given ``adapt``, of the state its
-    personalization step leaves, :func:`adapt_client`) or with ``upload`` MAP's protocol
-    (``trained_weights``), built by the
-    algorithm's :meth:`~pflkit.algorithms.Algorithm.scoring_model` (default: the client's
-    model). A client whose personalized model is the global model gets ``view["weights"]``.
-    With ``finetune_epochs`` (``eval.finetune_epochs``) > 0, a copy of that model fine-tuned on
-    the client's training split (:func:`finetune_for_eval`). Torch is seeded first
-    (:func:`seed_eval`), so every caller gets the same model."""
+    """The module that evaluation scores for the client:
+    :meth:`~pflkit.algorithms.Algorithm.personal_model` of its state (for a held-out client,
+    given ``adapt``, of the state its personalization step leaves, :func:`adapt_client`), with
+    ``upload`` under MAP's protocol. With ``finetune_epochs`` (``eval.finetune_epochs``) > 0, a
+    copy of that model fine-tuned on the client's training split (:func:`finetune_for_eval`).
+    Torch is seeded first (:func:`seed_eval`: ``personal_model`` may train, FedAvg-FT's
+    fine-tuning), so every caller gets the same model."""
     if adapt is not None:
         state = adapt_client(algo, env, adapt, dpsgd.without_history(state), ctx)
-    weights = scored_weights(algo, env, view, state, ctx, upload)
-    model = algo.scoring_model(env, weights)
+    state = dpsgd.without_history(state)  # DP-SGD's step count is not the algorithm's
+    seed_eval(ctx.seed, ctx.round, env.cid, upload is not None)
+    model = algo.personal_model(env, view, state, ctx, upload)
     if finetune_epochs:
         model = finetune_for_eval(model, env, ctx, finetune_epochs, upload is not None)
     return model
-
-
-def scored_weights(
-    algo: Algorithm,
-    env: ClientEnv,
-    view: Payload,
-    state: State,
-    ctx: RoundContext,
-    upload: Upload | None = None,
-) -> Weights:
-    """The weights :func:`scored_model` builds its module from: ``trained_weights`` given
-    ``upload``, else ``personal_weights`` (None: ``view["weights"]``), after
-    :func:`seed_eval`."""
-    state = dpsgd.without_history(state)  # DP-SGD's step count is not the algorithm's
-    seed_eval(ctx.seed, ctx.round, env.cid, upload is not None)
-    # ctx: personal_weights may train (FedAvg-FT's fine-tuning)
-    if upload is not None:
-        weights = algo.trained_weights(env, view, upload, state, ctx)
-    else:
-        weights = algo.personal_weights(env, view, state, ctx)
-    if weights is None:
-        if "weights" not in view:
-            raise RuntimeError(
-                f"{algo.name}: personal_weights returned None but there is no global model"
-            )
-        weights = view["weights"]
-    return weights
 
 
 HOLDOUT = 0xAD  # the torch stream of held-out clients' personalization steps
@@ -411,12 +381,12 @@ def run_jobs(algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job]) ->
         return {}
     if isinstance(jobs[0], TrainJob):
         return vectorized.train_cohort(algo, envs, jobs, checked, seed_torch)
-    default_scoring = type(algo).scoring_model is Algorithm.scoring_model
 
     def weights(job: EvalJob) -> Weights | None:
-        if not default_scoring or job.adapt is not None or job.finetune_epochs:
+        if job.adapt is not None or job.finetune_epochs:
             return None
-        return scored_weights(algo, envs[job.cid], job.view, job.state, job.ctx, job.upload)
+        model = scored_model(algo, envs[job.cid], job.view, job.state, job.ctx, job.upload)
+        return get_weights(model) if type(model) is type(envs[job.cid].model()) else None
 
     return vectorized.evaluate_cohort(algo, envs, jobs, weights, lambda j: j.run(algo, envs[j.cid]))
 

@@ -42,6 +42,7 @@ import torch
 
 from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.base import State, Upload, nbytes, parse_params
+from pflkit.algorithms.context import ServerContext
 from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine import vectorized
@@ -318,8 +319,9 @@ class Simulation:
         uploads: dict[int, Upload] = {}
         seconds_aggregate = 0.0
         for p, phase in enumerate(algo.phases(rnd)):
+            sctx = ServerContext(rnd, phase, cfg.seed)
             payloads = {
-                cid: algo.configure(senv, self.server, cid, rnd, phase)
+                cid: algo.configure(senv, self.server, cid, sctx)
                 for cid in selected
                 if cid not in failed and cid not in dropped
             }
@@ -354,7 +356,7 @@ class Simulation:
                     released = self.dp.release(algo, uploads, payloads, rnd, p)
                 seed_torch(cfg.seed, rnd, p, 0xA6)
                 t_agg = time.perf_counter()
-                self.server = algo.aggregate(senv, self.server, released, rnd, phase)
+                self.server = algo.aggregate(senv, self.server, released, sctx)
                 seconds_aggregate += time.perf_counter() - t_agg
         t1 = time.perf_counter()
         row: dict[str, Any] = {"round": rnd, "clients": selected}
@@ -404,7 +406,8 @@ class Simulation:
         thrown away afterwards) and reported as ``holdout_acc_*``."""
         cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
         row: dict[str, Any] = {}
-        gw = algo.global_weights(senv, self.server, rnd)
+        sctx = ServerContext(rnd, EVALUATE, cfg.seed)
+        gw = algo.eval_view(senv, self.server, None, sctx).get("weights")
 
         def score_global() -> None:
             if cfg.eval.global_model and gw is not None:
@@ -422,7 +425,7 @@ class Simulation:
 
         def view(cid: int) -> Any:  # only of the clients scored: a sample costs its size
             if cid not in views:
-                views[cid] = algo.eval_view(senv, self.server, cid, rnd)
+                views[cid] = algo.eval_view(senv, self.server, cid, sctx)
             return views[cid]
 
         def job(cid: int, upload: Upload | None = None) -> EvalJob:
@@ -431,7 +434,7 @@ class Simulation:
 
         def holdout_job(cid: int) -> EvalJob:
             steps = tuple(
-                (phase, algo.configure(senv, self.server, cid, rnd, phase))
+                (phase, algo.configure(senv, self.server, cid, ServerContext(rnd, phase, cfg.seed)))
                 for phase in algo.phases(rnd)
             )
             return dataclasses.replace(job(cid), adapt=steps)  # never trained: its first state

@@ -46,7 +46,7 @@ def group(model: nn.Module, weights: Mapping[str, Tensor], name: str) -> Weights
 
 def prefixed(weights: Mapping[str, Tensor], prefix: str) -> Weights:
     """``weights`` with ``prefix`` before every key: several state dicts in one plain dict
-    (a personalized model made of parts, for :meth:`Algorithm.scoring_model`)."""
+    (a personalized model made of parts, for :meth:`Algorithm.personal_model`)."""
     return {prefix + k: v for k, v in weights.items()}
 
 

@@ -65,7 +65,17 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Algorithm, Payload, RoundContext, State, Update, Upload, param
+from pflkit.algorithms.base import (
+    Algorithm,
+    Payload,
+    RoundContext,
+    ServerContext,
+    State,
+    Update,
+    Upload,
+    load_model,
+    param,
+)
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.config import TrainConfig
 from pflkit.errors import PflkitError
@@ -234,9 +244,9 @@ class SoftTeacherKD(Algorithm):
         return {"weights": env.init_weights()}
 
     # -- one exchange ------------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
-        if phase == "share":
-            idx = public_indices(env, rnd, self.params.public_per_round)
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+        if ctx.phase == "share":
+            idx = public_indices(env, ctx.round, self.params.public_per_round)
             return {} if idx is None else {"public_idx": idx}
         teachers = server["teachers"]
         if cid not in teachers:  # a held-out client (data.holdout_clients): no column of c
@@ -278,10 +288,12 @@ class SoftTeacherKD(Algorithm):
         """What a client sends after distilling (nothing, unless KT-pFL re-uploads)."""
         return {}
 
-    def aggregate(self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], rnd, phase):
+    def aggregate(
+        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
+    ):
         server = dict(server)
         active = sorted(uploads)
-        if phase == "share":
+        if ctx.phase == "share":
             server["soft"] = torch.stack([uploads[c]["soft"] for c in active])
             server["active"] = torch.tensor(active, device=env.device)
             server["num_samples"] = torch.tensor(
@@ -289,12 +301,12 @@ class SoftTeacherKD(Algorithm):
                 dtype=torch.float64,
                 device=env.device,
             )
-            server = self.before_mix(server, rnd)
+            server = self.before_mix(server, ctx.round)
             weights = self.mixing_weights(server)  # [A, A], columns on the simplex
             teachers = mix(weights, server["soft"])
             server["teachers"] = {c: teachers[i] for i, c in enumerate(active)}
         else:
-            server = self.after_distill(server, uploads, rnd)
+            server = self.after_distill(server, uploads, ctx.round)
         return server
 
     # -- hooks for the subclasses -------------------------------------------------------------------
@@ -311,11 +323,17 @@ class SoftTeacherKD(Algorithm):
         return server
 
     # -- evaluation ---------------------------------------------------------------------------------
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None  # every client keeps its own (possibly unique) architecture
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return state["weights"]
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The client's own model (every client keeps its own, possibly unique, architecture;
+        the server holds no model, so ``eval_view`` is empty)."""
+        return load_model(env, state["weights"])
 
 
 def restrict(c: Tensor, active: Tensor) -> Tensor:

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 
 from pflkit.algorithms.base import (
     Algorithm,
     Payload,
     RoundContext,
+    ServerContext,
     State,
     Update,
+    Upload,
     Weighting,
+    load_model,
     param,
     weighted_average,
 )
@@ -109,7 +113,7 @@ class SplitBody(Algorithm):
         w = common_init(env)
         return {"head": {k: w[k] for k in self.private_keys(env.model())}}
 
-    def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str) -> Payload:
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         return {"body": server["body"]}
 
     def local_train(self, env: ClientEnv, model: PFLModel, ctx: RoundContext) -> float:
@@ -124,20 +128,25 @@ class SplitBody(Algorithm):
         private = {k: w[k] for k in self.private_keys(model)}
         return Update(upload, {**state, "head": private}, {"train_loss": loss})
 
-    def aggregate(self, env, server, uploads, rnd, phase) -> State:
+    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
         uniform = self.params.weighting == "uniform"
         return {**server, "body": weighted_average(uploads, "body", uniform=uniform)}
 
-    def global_weights(self, env: ServerEnv, server: State, rnd: int):
-        return None
+    def eval_view(
+        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+    ) -> Payload:
+        """The shared body (there is no global model: ``cid`` None gives nothing)."""
+        return {} if cid is None else {"body": server["body"]}
 
-    def eval_view(self, env: ServerEnv, server: State, cid: int, rnd: int) -> Payload:
-        return {"body": server["body"]}
-
-    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
-        return {**view["body"], **state["head"]}
-
-    def trained_weights(self, env, view, upload, state, ctx):
-        """MAP's protocol: the model right after local training, the body this client trained
-        (its upload) with its trained private part, not this round's aggregated body."""
-        return {**upload["body"], **state["head"]}
+    def personal_model(
+        self,
+        env: ClientEnv,
+        view: Payload,
+        state: State,
+        ctx: RoundContext,
+        upload: Upload | None = None,
+    ) -> nn.Module:
+        """The received body with the client's private part; under MAP's protocol the body this
+        client trained (its upload), not this round's aggregated body."""
+        body = view["body"] if upload is None else upload["body"]
+        return load_model(env, {**body, **state["head"]})
