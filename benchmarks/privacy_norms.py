@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 
+from pflkit.algorithms.context import ServerContext
 from pflkit.engine.clients import InProcess, TrainJob, round_context
 from pflkit.engine.simulation import Simulation
 from pflkit.experiment import load_config
@@ -24,7 +25,7 @@ def main(path: str = "configs/privacy/fmnist_dp.yaml") -> None:
     with Simulation(cfg, runner=InProcess()) as sim:
         norms = []
         for cid in range(sim.data.num_clients):
-            pay = sim.algo.configure(sim.senv, sim.server, cid, 1, "train")
+            pay = sim.algo.configure(sim.senv, sim.server, cid, ServerContext(1, "train"))
             ctx = round_context(sim.senv.run, 1, "train")
             job = TrainJob(cid, pay, sim.client_state(cid), ctx, phase_index=0)
             up = sim.runner.run(sim.algo, sim.envs, [job])[cid].upload

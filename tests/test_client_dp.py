@@ -12,6 +12,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
+from pflkit.algorithms.context import ServerContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
@@ -51,7 +52,7 @@ def test_central_clips_each_update_and_divides_the_sum_by_the_cohort():
         assert torch.allclose(out[cid]["weights"]["w"], torch.tensor([1.45, 1.6]))
         assert out[cid]["num_samples"] == 1  # equal weights: n_k is not released
     # the algorithm's own aggregate of the released uploads is the DP mean
-    server = algo.aggregate(None, {}, out, 1, "train")
+    server = algo.aggregate(None, {}, out, ServerContext(1, "train"))
     assert torch.allclose(server["weights"]["w"], torch.tensor([1.45, 1.6]))
 
 

@@ -42,7 +42,7 @@ FAST = {
 def conformance_config(name: str, **sections):
     """Every algorithm on the same tiny run: 3 of 4 clients per round (partial participation),
     a public set (for the algorithms that distil), MAP's selected-clients protocol on (so
-    ``trained_weights`` is exercised too), one torch thread (as each pool worker has)."""
+    ``personal_model`` with the upload is exercised too), one torch thread (as each pool worker has)."""
     raw = tiny_config(algorithm={"name": name, **FAST.get(name, {})}, **sections)
     raw["data"]["public"] = {"dataset": "digits", "size": 64}
     raw["train"]["client_fraction"] = 0.75

@@ -21,6 +21,7 @@ pytest.importorskip("dp_accounting")
 
 from conftest import tiny_config  # noqa: E402
 from pflkit.algorithms.base import ALGORITHMS  # noqa: E402
+from pflkit.algorithms.context import ServerContext
 from pflkit.config import SampleDPConfig  # noqa: E402
 from pflkit.engine.clients import InProcess, ProcessPool, round_context, train_client  # noqa: E402
 from pflkit.engine.simulation import Simulation  # noqa: E402
@@ -170,7 +171,7 @@ def test_fedprox_proximal_term_is_applied_after_the_noise_by_value():
     )
     with simulation(raw) as sim:
         env, algo = sim.envs[0], sim.algo
-        payload = algo.configure(sim.senv, sim.server, 0, 1, "train")
+        payload = algo.configure(sim.senv, sim.server, 0, ServerContext(1, "train"))
         ctx = round_context(env.run, 1, "train")
         update = train_client(algo, env, payload, sim.client_state(0), ctx, 0)
         model = env.models.new_model(env.arch)
@@ -248,7 +249,7 @@ def test_each_clients_epsilon_is_opacus_rdp_and_dp_accountings():
             assert ours == pytest.approx(acc.get_epsilon(1 / n), rel=5e-3)
         # the update's metrics report it (what the engine's rows summarise)
         env = sim.envs[0]
-        payload = sim.algo.configure(sim.senv, sim.server, 0, 3, "train")
+        payload = sim.algo.configure(sim.senv, sim.server, 0, ServerContext(3, "train"))
         up = train_client(
             sim.algo, env, payload, sim.client_state(0), round_context(env.run, 3, "train"), 0
         )
@@ -463,7 +464,7 @@ def test_config_refusals(sections, words):
 
 
 def test_dp_sgd_outside_a_training_job_is_refused():
-    """Training at evaluation (what FedAvg-FT's personal_weights does) would not be counted."""
+    """Training at evaluation (what FedAvg-FT's personal_model does) would not be counted."""
     with pytest.raises(PflkitError, match="outside a client's training job"):
         dp_sgd(nn.Linear(2, 2), torch.zeros(2, 2), torch.zeros(2, dtype=torch.long),
                SampleDPConfig(), epochs=1, batch_size=1, lr=0.1)  # fmt: skip

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from conftest import tiny_config
 from pflkit.algorithms import ALGORITHMS, build_algorithm
+from pflkit.algorithms.context import ServerContext
 from pflkit.engine import Simulation, run_experiment, sample_clients
 from pflkit.engine.clients import (
     EVALUATE,
@@ -240,8 +241,10 @@ def _steps(w, keys, n, lr, hidden=(), prox=None):
 
 def _held_out_model(algo, senv, env, server):
     ctx = round_context(senv.run, 1, EVALUATE)
-    steps = tuple((ph, algo.configure(senv, server, env.cid, 1, ph)) for ph in algo.phases(1))
-    view = algo.eval_view(senv, server, env.cid, 1)
+    steps = tuple(
+        (ph, algo.configure(senv, server, env.cid, ServerContext(1, ph))) for ph in algo.phases(1)
+    )
+    view = algo.eval_view(senv, server, env.cid, ServerContext(1))
     state = init_client(algo, env, senv.run.seed)
     model = scored_model(algo, env, view, state, ctx, adapt=steps)
     acc = evaluate_client(algo, env, view, state, ctx, 100, adapt=steps)["test"]

@@ -117,10 +117,8 @@ def test_gpfl_hook_is_the_personalized_route_not_the_body_or_the_global_route(ru
 
     with load_finished(runs / "gpfl") as sim:
         algo, env, cid = sim.algo, sim.envs[2], 2
-        weights = algo.personal_weights(
-            env, {"shared": sim.server["shared"]}, sim.clients[cid], None
-        )
-        model = algo.scoring_model(env, weights)
+        weights = algo.personal_model(env, {"shared": sim.server["shared"]}, sim.clients[cid], None)
+        model = weights
         x = sim.data.clients[cid].test_x[:7]
         with torch.no_grad():
             got = algo.features(model, x)

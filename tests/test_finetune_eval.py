@@ -167,7 +167,7 @@ def test_finetuning_changes_scores_not_training(tiny, name):
 
 def test_evaluation_leaves_state_view_and_rng_alone(tiny):
     """One client's evaluation with K = 2: its state, the server's view and the reusable model
-    (what ``scoring_model`` loaded) are unchanged, and torch's global RNG ends where it
+    (what ``personal_model`` loaded) are unchanged, and torch's global RNG ends where it
     does with K = 0 (the fine-tuning draws from a forked stream)."""
     cfg = tiny(algorithm={"name": "local"})
     with Simulation(cfg) as sim:
@@ -193,7 +193,7 @@ def test_evaluation_leaves_state_view_and_rng_alone(tiny):
 
 def test_finetuning_draws_from_its_own_stream(tiny, monkeypatch):
     """The fine-tuning's batches are seeded by (seed, round, client) on a stream of their own:
-    what ``personal_weights`` draws before it (FedAvg-FT's fine-tuning) does not change them."""
+    what ``personal_model`` draws before it (FedAvg-FT's fine-tuning) does not change them."""
     cfg = tiny(algorithm={"name": "local"})  # batch_size 16: several batches per epoch
     tuned, real = [], clients_module.finetuned
 
@@ -207,13 +207,13 @@ def test_finetuning_draws_from_its_own_stream(tiny, monkeypatch):
         sim.run_round(1)
         algo, env, state = sim.algo, sim.envs[0], sim.client_state(0)
         evaluate_client(algo, env, {}, state, evaluation(env), 1000, finetune_epochs=1)
-        plain = algo.personal_weights
+        plain = algo.personal_model
 
         def drawing(*a):
             torch.rand(7)
             return plain(*a)
 
-        monkeypatch.setattr(algo, "personal_weights", drawing)
+        monkeypatch.setattr(algo, "personal_model", drawing)
         evaluate_client(algo, env, {}, state, evaluation(env), 1000, finetune_epochs=1)
     assert equal(tuned[0], tuned[1])
     assert not equal(tuned[0], state["weights"])

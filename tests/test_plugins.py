@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from conftest import tiny_config
+from pflkit.algorithms.context import ServerContext
 from test_cli import pflkit
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
@@ -72,7 +73,7 @@ def test_the_documented_trimmed_mean_by_value(imported, tiny):
         c: {"weights": {"w": torch.tensor([v, -v]), "n": torch.tensor(c)}, "num_samples": 1}
         for c, v in enumerate([1.0, 5.0, 2.0, 100.0])
     }
-    out = sim.algo.aggregate(sim.senv, {}, ups, 1, "train")["weights"]
+    out = sim.algo.aggregate(sim.senv, {}, ups, ServerContext(1, "train"))["weights"]
     # four clients, trim 0.25: drop the smallest and largest value of each coordinate
     assert out["w"].tolist() == [3.5, -3.5]  # mean(2, 5) and mean(-5, -2)
     assert out["n"].item() == 0  # integer buffers come from the first upload
@@ -90,3 +91,30 @@ def test_the_documented_partitioner_and_a_taken_name(imported):
     assert sorted(np.concatenate(parts).tolist()) == list(range(20))
     with pytest.raises(PflkitError, match="a model named 'mlp' is already registered"):
         register_model("mlp", "again", imported.softmax_regression)
+
+
+V3_PLUGINS = {
+    "a removed evaluation hook": (
+        "    def personal_weights(self, env, view, state, ctx):\n        return None\n",
+        "defines personal_weights, which contract v4 replaced: define personal_model",
+    ),
+    "a server hook with (rnd, phase)": (
+        "    def aggregate(self, env, server, uploads, rnd, phase):\n        return server\n",
+        "defines aggregate with (rnd, phase)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(V3_PLUGINS))
+def test_a_plugin_written_for_contract_v3_is_refused_in_one_sentence(case, plugin_dir):
+    method, said = V3_PLUGINS[case]
+    (plugin_dir / "old_plugin.py").write_text(
+        "from pflkit.algorithms.fedavg import FedAvg\n"
+        "from pflkit.plugins import register_algorithm\n\n\n"
+        "@register_algorithm\nclass Old(FedAvg):\n    name = 'old_v3'\n\n" + method
+    )
+    (plugin_dir / "tiny.yaml").write_text(yaml.safe_dump(tiny_config()))
+    r = pflkit("run", "tiny.yaml", "--import", "old_plugin", cwd=plugin_dir)
+    assert r.returncode == 2, r.stderr
+    assert said in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -226,13 +226,13 @@ def test_one_set_of_weights_is_scored_on_both_splits(monkeypatch):
     from pflkit.algorithms.fedavg_ft import FedAvgFT
 
     calls = []
-    real = FedAvgFT.personal_weights
+    real = FedAvgFT.personal_model
 
-    def counted(self, env, view, state, ctx):
+    def counted(self, env, view, state, ctx, upload=None):
         calls.append(env.cid)
-        return real(self, env, view, state, ctx)
+        return real(self, env, view, state, ctx, upload)
 
-    monkeypatch.setattr(FedAvgFT, "personal_weights", counted)
+    monkeypatch.setattr(FedAvgFT, "personal_model", counted)
     _, rows = run(rounds=1, algorithm={"name": "fedavg_ft"}, data={"val_fraction": 0.2})
     assert sorted(calls) == [0, 1, 2, 3]
     assert VAL_KEYS <= rows[0].keys()

@@ -83,6 +83,8 @@ def pfllib_round1(ref: Path, python: str, out: Path, cfg: dict, seed: int) -> tu
 
 def pflkit_round1(cfg: dict, seed: int) -> tuple[float, float]:
     """(scored, zero-input) pooled accuracy of pflkit's GPFL case after one round."""
+    from pflkit.algorithms import RoundContext
+    from pflkit.algorithms.gpfl import GPFLNet, cov_params
     from pflkit.engine import Simulation
     from pflkit.experiment import validate
     from pflkit.primitives.training import predict
@@ -94,9 +96,11 @@ def pflkit_round1(cfg: dict, seed: int) -> tuple[float, float]:
         row = sim.run_round(1)
         right = total = 0
         for env in sim.envs:
-            w = sim.algo._personal(env, sim.server["shared"], sim.client_state(env.cid))
-            w["cond.p"] = torch.zeros_like(w["cond.p"])
-            model = sim.algo.scoring_model(env, w)
+            shared = sim.server["shared"]
+            view, ctx = {"shared": shared}, RoundContext(1, "evaluate")
+            model = sim.algo.personal_model(env, view, sim.client_state(env.cid), ctx)
+            zero = torch.zeros(model.model.feature_dim)  # p_i = 0: CoV's conditional input
+            model = GPFLNet(model.model, *cov_params(shared, zero))
             right += int((predict(model, env.data.test_x).argmax(1) == env.data.test_y).sum())
             total += len(env.data.test_y)
     return row["pers_acc_weighted"], right / total

@@ -19,18 +19,20 @@ run, here on given (or random) tensors; :func:`round_ctx` gives a client's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from pflkit.algorithms.base import Algorithm
 from pflkit.algorithms.context import RoundContext
 from pflkit.algorithms.env import ClientEnv, ModelPool, RunFacts, ServerEnv
 from pflkit.config import parse
 from pflkit.data.federated import ClientData
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
+from pflkit.primitives.training import get_weights
 
 ModelFactory = Callable[[tuple[int, ...], int], PFLModel]
 """A model built by a callable, ``(input shape, classes) -> model``, in place of a name."""
@@ -177,3 +179,25 @@ def round_ctx(
     from pflkit.engine.clients import round_context  # the engine's own rule, imported on use
 
     return round_context(env.run, rnd, phase, straggler)
+
+
+def personal_weights(
+    algo: Algorithm,
+    env: ClientEnv,
+    view: Mapping[str, Any],
+    state: Mapping[str, Any],
+    ctx: RoundContext,
+    upload: Mapping[str, Any] | None = None,
+) -> dict[str, Tensor]:
+    """A copy of the weights of the model :meth:`~pflkit.algorithms.Algorithm.personal_model`
+    returns (with ``upload``: under MAP's protocol), to check by value in a test; for a scoring
+    wrapper (GPFL's CoV, FedRoD's two heads, ...) the weights of the model it wraps
+    (``.model``)."""
+    model = algo.personal_model(env, view, state, ctx, upload)  # type: ignore[arg-type]
+    inner = model if isinstance(model, PFLModel) else model.model
+    return get_weights(inner)
+
+
+def same_weights(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:
+    """Whether two weight dicts hold the same keys and exactly equal tensors."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

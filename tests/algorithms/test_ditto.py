@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pflkit.algorithms.base import parse_params, train_from
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.ditto import Ditto, smooth_l1_proximal_loss
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.engine import Simulation
@@ -18,6 +18,7 @@ from pflkit.primitives.training import (
     proximal_loss,
     set_weights,
 )
+from pflkit.testing import personal_weights, same_weights
 from split_helpers import (
     PATHOLOGICAL,
     assert_close,
@@ -74,7 +75,7 @@ def test_ditto_upload_is_fedavg_client_update_and_personal_model_persists(tiny):
     v1 = update.state["personal"]
     for k in w:
         assert torch.equal(v1[k], expect[k])
-    assert algo.personal_weights(env, {}, update.state, RoundContext(1)) is v1
+    assert same_weights(personal_weights(algo, env, {}, update.state, RoundContext(1)), v1)
     # a first participation starts the personal model from the downloaded global model
     seed_torch(0, 1, 0, 0)
     fresh = algo.client_update(env, {"weights": w}, {}, RoundContext(1)).state["personal"]
@@ -85,7 +86,9 @@ def test_ditto_upload_is_fedavg_client_update_and_personal_model_persists(tiny):
     p1 = {c: s["personal"] for c, s in sim.clients.items()}
     sim.run_round(2)
     for cid, s in sim.clients.items():
-        assert algo.personal_weights(sim.envs[cid], {}, s, RoundContext(1)) is s["personal"]
+        assert same_weights(
+            personal_weights(algo, sim.envs[cid], {}, s, RoundContext(1)), s["personal"]
+        )
         assert any(not torch.equal(s["personal"][k], p1[cid][k]) for k in w)
         assert any(not torch.equal(s["personal"][k], sim.server["weights"][k]) for k in w)
 
@@ -97,11 +100,12 @@ def test_ditto_aggregate_is_uniform_mean_by_default(tiny):
         for i in range(2)
     }
     assert torch.equal(
-        sim.algo.aggregate(sim.senv, {}, ups, 1, "train")["weights"]["w"], torch.full((2,), 0.5)
+        sim.algo.aggregate(sim.senv, {}, ups, ServerContext(1, "train"))["weights"]["w"],
+        torch.full((2,), 0.5),
     )
     weighted = Ditto(Ditto.Params(weighting="samples"))
     assert torch.allclose(
-        weighted.aggregate(sim.senv, {}, ups, 1, "train")["weights"]["w"],
+        weighted.aggregate(sim.senv, {}, ups, ServerContext(1, "train"))["weights"]["w"],
         torch.full((2,), 10 / 11),
     )
 
@@ -131,9 +135,9 @@ def test_ditto_client_update_by_hand(tiny):
         v = hand_sgd(start or w_t, d.train_x, d.train_y, h, lr=0.02, epochs=2)
         assert_close(update.upload["weights"], w_k)
         assert_close(update.state["personal"], v)
-        assert (
-            sim.algo.personal_weights(env, {}, update.state, RoundContext(1))
-            is update.state["personal"]
+        assert same_weights(
+            personal_weights(sim.algo, env, {}, update.state, RoundContext(1)),
+            update.state["personal"],
         )
 
 

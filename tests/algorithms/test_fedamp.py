@@ -10,7 +10,7 @@ import torch
 
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.split import common_init
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.fedamp import heuristic_attention, paper_attention
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -58,11 +58,11 @@ def test_cloud_model_is_the_attention_mix_of_the_stored_models(tiny):
     server["init"] = _fill(server["init"], 3.0)  # client 2 was never stored: it counts as w^0
     sq = torch.tensor([[0.0, 1.0, 2.0], [1.0, 0.0, 4.0], [2.0, 4.0, 0.0]], dtype=torch.float64)
     server["sqdist"] = sq
-    u0 = sim.algo.configure(sim.senv, server, 0, 2, "train")["weights"]
+    u0 = sim.algo.configure(sim.senv, server, 0, ServerContext(2, "train"))["weights"]
     # by hand: 0.75639748 * 1 + 0.15163266 * 2 + 0.09196986 * 3
     for k, v in u0.items():
         assert torch.allclose(v, torch.full_like(v, 1.33557238), atol=1e-6), k
-    u1 = sim.algo.configure(sim.senv, server, 1, 2, "train")["weights"]
+    u1 = sim.algo.configure(sim.senv, server, 1, ServerContext(2, "train"))["weights"]
     # 0.15163266 * 1 + 0.81453352 * 2 + 0.03383382 * 3
     for v in u1.values():
         assert torch.allclose(v, torch.full_like(v, 1.88220116), atol=1e-6)
@@ -71,7 +71,7 @@ def test_cloud_model_is_the_attention_mix_of_the_stored_models(tiny):
     server["cos"] = torch.tensor(
         [[1.0, 0.5, -0.5], [0.5, 1.0, 0.0], [-0.5, 0.0, 1.0]], dtype=torch.float64
     )
-    u0 = heur.algo.configure(heur.senv, server, 0, 2, "train")["weights"]
+    u0 = heur.algo.configure(heur.senv, server, 0, ServerContext(2, "train"))["weights"]
     for v in u0.values():  # 0.1 * 1 + 0.79271737 * 2 + 0.10728263 * 3
         assert torch.allclose(v, torch.full_like(v, 2.00728263), atol=1e-6)
 
@@ -169,7 +169,7 @@ def test_short_run_stores_models_pair_matrices_and_sends_one_model(tiny):
     xi = np.array([np.exp(-((flat[0] - f) ** 2).sum() / 3.0) / 3.0 for f in flat])
     xi[0] = 1 - xi[1:].sum()
     want = sum(x * f for x, f in zip(xi, flat, strict=True))
-    got = _flat(algo.configure(senv, sim.server, 0, 4, "train")["weights"], keys)
+    got = _flat(algo.configure(senv, sim.server, 0, ServerContext(4, "train"))["weights"], keys)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert 0 < xi[0] < 1 and (xi[1:] > 0.01).all()  # real mixing, not local training
     # a client's personalized model is its own w_i: w^0 until it is selected, then trained

@@ -21,9 +21,10 @@ from bn_helpers import (
     close,
     hand_weights,
 )
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.fedap import bn_wasserstein, feature_stats, fedap_weights
 from pflkit.engine import Simulation
+from pflkit.testing import personal_weights
 from split_helpers import federation
 
 
@@ -68,7 +69,7 @@ def test_fedap_warmup_is_fedbn_then_stats_are_uploaded_once():
     d = {j: bn_wasserstein(st, sim.server["stats"][j]) for j in (1, 2, 3)}
     inv = {j: 1 / d[j] for j in d}
     s = sum(inv.values())
-    payload = sim.algo.configure(sim.senv, sim.server, 0, 4, "train")
+    payload = sim.algo.configure(sim.senv, sim.server, 0, ServerContext(4, "train"))
     k = "body.conv1.weight"
     want = 0.5 * stored[0][k] + sum(0.5 * inv[j] / s * stored[j][k] for j in d)
     assert torch.allclose(payload["weights"][k], want, atol=1e-6)
@@ -114,20 +115,20 @@ def test_fedap_personalized_aggregation_by_hand(bn_model):
     # d_01 = sqrt(|(0,0) - (3,4)|^2 + |(1,1) - (1,1)|^2) = 5 (sigma = sqrt(var))
     # d_02 = sqrt(0 + |(1,1) - (3,1)|^2) = 2
     # W_00 = 0.3; W_01 = 0.7 * (1/5) / (1/5 + 1/2) = 0.2; W_02 = 0.7 * (1/2) / (7/10) = 0.5
-    payload = algo.configure(senv, server, 0, 3, "train")
+    payload = algo.configure(senv, server, 0, ServerContext(3, "train"))
     assert set(payload["weights"]) == set(REST)
     for k, v in payload["weights"].items():
         assert torch.allclose(v, torch.full_like(v, 0.3 * 1 + 0.2 * 2 + 0.5 * 3)), k
     # client 3 has no statistics yet: its own (warm-up) model, and a request for statistics
-    payload3 = algo.configure(senv, server, 3, 3, "train")
+    payload3 = algo.configure(senv, server, 3, ServerContext(3, "train"))
     assert payload3["need_stats"] and all(
         torch.equal(v, server["weights"][k]) for k, v in payload3["weights"].items()
     )
     # the model scored: the client's stored (last trained) non-BN part with its own BN layers
-    view = algo.eval_view(senv, server, 1, 1)
-    scored = algo.personal_weights(envs[1], view, {"bn": OWN_BN}, RoundContext(1))
+    view = algo.eval_view(senv, server, 1, ServerContext(1))
+    scored = personal_weights(algo, envs[1], view, {"bn": OWN_BN}, RoundContext(1))
     assert close(scored, {**server["personal"][1], **OWN_BN})
-    assert algo.global_weights(senv, server, 1) is None
+    assert algo.eval_view(senv, server, None, ServerContext(1)).get("weights") is None
 
 
 def test_fedap_warmup_epochs_is_the_code_option_for_warmup_rounds_only(bn_model):

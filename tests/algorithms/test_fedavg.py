@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from pflkit.algorithms import build_algorithm
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.experiment import validate
 from pflkit.testing import round_ctx, toy_envs
@@ -28,7 +28,7 @@ def test_fedavg_aggregate_is_sample_weighted_mean_of_client_models(tiny):
             env, {"weights": sim.server["weights"]}, {}, RoundContext(1)
         ).upload
         assert uploads[env.cid]["num_samples"] == len(sim.data.clients[env.cid].train_y)
-    new = algo.aggregate(sim.senv, sim.server, uploads, 1, "train")["weights"]
+    new = algo.aggregate(sim.senv, sim.server, uploads, ServerContext(1, "train"))["weights"]
     n = sum(u["num_samples"] for u in uploads.values())
     for k, v in new.items():
         expect = sum(u["weights"][k] * u["num_samples"] / n for u in uploads.values())
@@ -69,7 +69,7 @@ def test_fedavg_client_step_is_e_epochs_of_minibatch_sgd_by_hand(tiny):
     assert up["num_samples"] == len(d.train_y)
     # the server: sum_k (n_k / n) w_k over the uploads, n_k = 1 and 3 here
     ups = {0: {"weights": w, "num_samples": 1}, 3: {"weights": up["weights"], "num_samples": 3}}
-    new = sim.algo.aggregate(sim.senv, sim.server, ups, 1, "train")["weights"]
+    new = sim.algo.aggregate(sim.senv, sim.server, ups, ServerContext(1, "train"))["weights"]
     assert_close(new, {k: 0.25 * w[k] + 0.75 * up["weights"][k] for k in w}, atol=1e-6)
 
 
@@ -86,9 +86,9 @@ def test_one_round_on_toy_clients_is_the_sample_weighted_mean_of_one_sgd_step_by
     server = {"weights": {k: torch.zeros_like(v) for k, v in server_env.init_weights().items()}}
     uploads = {}
     for env in clients:
-        payload = algo.configure(server_env, server, env.cid, 1, "train")
+        payload = algo.configure(server_env, server, env.cid, ServerContext(1, "train"))
         uploads[env.cid] = algo.client_update(env, payload, {}, round_ctx(env)).upload
-    new = algo.aggregate(server_env, server, uploads, 1, "train")["weights"]
+    new = algo.aggregate(server_env, server, uploads, ServerContext(1, "train"))["weights"]
 
     # client 0: class 0 row: -0.1 * (1/2 - 1) * 2 = 0.1; class 1 row: -0.1 * (1/2) * 2 = -0.1
     w0, b0 = torch.tensor([[0.1], [-0.1]]), torch.tensor([0.05, -0.05])

@@ -7,6 +7,7 @@ import torch
 
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation, run_experiment
+from pflkit.testing import personal_weights
 from split_helpers import assert_close, hand_sgd
 
 
@@ -18,8 +19,8 @@ def test_fedavg_ft_trains_like_fedavg_but_scores_fine_tuned_models(tiny, tmp_pat
     assert [r["pers_acc_mean"] for r in a.rows] != [r["pers_acc_mean"] for r in b.rows]
     # and the personal model is the global one after ft_epochs of local SGD
     sim = Simulation(tiny(algorithm={"name": "fedavg_ft", "ft_epochs": 2}))
-    pw = sim.algo.personal_weights(
-        sim.envs[0], {"weights": sim.server["weights"]}, {}, RoundContext(1)
+    pw = personal_weights(
+        sim.algo, sim.envs[0], {"weights": sim.server["weights"]}, {}, RoundContext(1)
     )
     assert any(not torch.equal(pw[k], sim.server["weights"][k]) for k in pw)
 
@@ -30,6 +31,6 @@ def test_fedavg_ft_scores_the_global_model_fine_tuned_by_hand(tiny):
     sim = Simulation(tiny(algorithm={"name": "fedavg_ft", "ft_epochs": 2, "ft_lr": 0.02}))
     env, d, w = sim.envs[0], sim.data.clients[0], sim.server["weights"]
     torch.manual_seed(3)
-    got = sim.algo.personal_weights(env, {"weights": w}, {}, RoundContext(1))
+    got = personal_weights(sim.algo, env, {"weights": w}, {}, RoundContext(1))
     torch.manual_seed(3)
     assert_close(got, hand_sgd(w, d.train_x, d.train_y, lr=0.02, epochs=2))

@@ -14,6 +14,7 @@ from torch import nn
 
 from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
+from pflkit.algorithms.context import ServerContext
 from pflkit.algorithms.fedaws import final_linear, positive_loss, spreadout, spreadout_steps
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -110,7 +111,7 @@ def test_server_step_changes_only_the_class_embeddings():
         }
         for c, n in ((0, 10), (2, 30))
     }
-    server = sim.algo.aggregate(sim.senv, sim.server, uploads, 1, "train")
+    server = sim.algo.aggregate(sim.senv, sim.server, uploads, ServerContext(1, "train"))
     avg = {k: 0.25 * uploads[0]["weights"][k] + 0.75 * uploads[2]["weights"][k] for k in base}
     assert set(server["weights"]) == set(base)
     for k, v in server["weights"].items():

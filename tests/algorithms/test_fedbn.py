@@ -16,8 +16,9 @@ from bn_helpers import (
     close,
     hand_weights,
 )
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.engine import Simulation
+from pflkit.testing import personal_weights
 from split_helpers import federation
 
 
@@ -46,8 +47,8 @@ def test_fedbn_never_sends_bn_layers_and_keeps_them_per_client():
         sim.clients[a]["bn"]["body.bn1.running_mean"], sim.clients[b]["bn"]["body.bn1.running_mean"]
     )
     # the personalized model is the shared part plus the client's own BN layers
-    view = sim.algo.eval_view(sim.senv, sim.server, a, 1)
-    pw = sim.algo.personal_weights(sim.envs[a], view, sim.clients[a], RoundContext(1))
+    view = sim.algo.eval_view(sim.senv, sim.server, a, ServerContext(1))
+    pw = personal_weights(sim.algo, sim.envs[a], view, sim.clients[a], RoundContext(1))
     assert torch.equal(pw["body.bn2.running_var"], sim.clients[a]["bn"]["body.bn2.running_var"])
     assert torch.equal(pw["body.conv1.weight"], sim.server["weights"]["body.conv1.weight"])
 
@@ -61,12 +62,14 @@ def test_fedbn_client_trains_with_its_own_bn_and_uploads_the_rest(bn_model):
     assert out.upload["num_samples"] == 4
     assert close(out.state["bn"], {k: want[k] for k in BN_ALL})  # its own BN, trained
     # the personalized model: the global non-BN weights with the client's own BN layers
-    view = algo.eval_view(senv, {"weights": shared}, 0, 1)
+    view = algo.eval_view(senv, {"weights": shared}, 0, ServerContext(1))
     assert close(
-        algo.personal_weights(envs[0], view, out.state, RoundContext(1)),
+        personal_weights(algo, envs[0], view, out.state, RoundContext(1)),
         {**shared, **out.state["bn"]},
     )
-    assert algo.global_weights(senv, {"weights": shared}, 1) is None  # no global model with BN
+    assert (
+        algo.eval_view(senv, {"weights": shared}, None, ServerContext(1)).get("weights") is None
+    )  # no global model with BN
 
 
 def test_fedbn_server_averages_the_non_bn_weights_by_sample_count(bn_model):
@@ -75,5 +78,5 @@ def test_fedbn_server_averages_the_non_bn_weights_by_sample_count(bn_model):
     assert set(server["weights"]) == set(REST)
     a, b = hand_weights(1), hand_weights(2)
     uploads = {0: {"weights": a, "num_samples": 1}, 2: {"weights": b, "num_samples": 3}}
-    new = algo.aggregate(senv, server, uploads, 1, "train")
+    new = algo.aggregate(senv, server, uploads, ServerContext(1, "train"))
     assert close(new["weights"], {k: (a[k] + 3 * b[k]) / 4 for k in REST})

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from distill_helpers import hetero_cfg, kl_rows, logits_of, setup, trained_by_hand
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.feddf import ensemble_distill
 from pflkit.primitives.training import get_weights, set_weights
+from pflkit.testing import personal_weights
 from split_helpers import assert_close, hand_sgd, mlp_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,10 +31,16 @@ def feddf_round(algorithm: dict, data):
     uploads = {}
     for c in range(4):
         torch.manual_seed(c)
-        payload = algo.configure(senv, server, c, 1, "train")
+        payload = algo.configure(senv, server, c, ServerContext(1, "train"))
         uploads[c] = algo.client_update(envs[c], payload, {}, RoundContext(1)).upload
     torch.manual_seed(99)
-    return algo, senv, envs, uploads, algo.aggregate(senv, server, uploads, 1, "train")
+    return (
+        algo,
+        senv,
+        envs,
+        uploads,
+        algo.aggregate(senv, server, uploads, ServerContext(1, "train")),
+    )
 
 
 def ensemble_by_hand(envs, uploads, x, t):
@@ -158,7 +165,9 @@ def test_pfeddf_fine_tunes_the_prototype_for_ft_epochs_by_value(digits_with_publ
     env = envs[1]
     proto = server["protos"][env.arch]
     torch.manual_seed(21)
-    personal = algo.personal_weights(env, algo.eval_view(senv, server, 1, 1), {}, RoundContext(1))
+    personal = personal_weights(
+        algo, env, algo.eval_view(senv, server, 1, ServerContext(1)), {}, RoundContext(1)
+    )
     expected = trained_by_hand(env, proto, 21, epochs=2)  # train.local_epochs is 1
     for k in expected:
         assert torch.allclose(personal[k], expected[k], atol=1e-6), k
@@ -182,7 +191,7 @@ def test_feddf_group_average_is_sample_weighted_before_distillation_by_hand(
             "num_samples": 10 * (c + 1)}
         for c in range(4)
     }  # fmt: skip
-    server = algo.aggregate(senv, algo.server_init(senv), uploads, 1, "train")
+    server = algo.aggregate(senv, algo.server_init(senv), uploads, ServerContext(1, "train"))
     x = digits_with_public.public_x
     avg = {k: sum(u["weights"][k] * u["num_samples"] for u in uploads.values()) / 100 for k in base}
     with torch.no_grad():
@@ -204,6 +213,6 @@ def test_pfeddf_fine_tunes_the_prototype_by_hand(tiny, digits_with_public):
     proto = {k: v + 0.1 * torch.randn_like(v) for k, v in senv.init_weights().items()}
     d = digits_with_public.clients[2]
     torch.manual_seed(6)
-    got = algo.personal_weights(envs[2], {"proto": proto}, {}, RoundContext(1))
+    got = personal_weights(algo, envs[2], {"proto": proto}, {}, RoundContext(1))
     torch.manual_seed(6)
     assert_close(got, hand_sgd(proto, d.train_x, d.train_y, lr=0.05, epochs=2))

@@ -15,7 +15,7 @@ from bn_helpers import (
     Y,
     close,
 )
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.feddyn import feddyn_server_update
 from pflkit.engine import Simulation
 from split_helpers import federation
@@ -89,15 +89,16 @@ def test_feddyn_aggregate_by_hand():
         0: {"weights": fill(2.0), "num_samples": 1},
         3: {"weights": fill(4.0), "num_samples": 3},
     }
-    new = algo.aggregate(senv, server, uploads, 2, "train")
+    new = algo.aggregate(senv, server, uploads, ServerContext(2, "train"))
     # h = 0.5 - alpha (1/m) sum (theta_k - theta) = 0.5 - 0.1 * (1 + 3) / 5 = 0.42 (m = 5 clients)
     # theta = mean(2, 4) - h / alpha = 3 - 4.2 = -1.2 (the plain mean over the round's clients)
     assert close(new["h"], fill(0.42))
     assert close(new["weights"], fill(-1.2), atol=1e-5)
-    assert algo.global_weights(senv, new, 1) is new["weights"]  # the server model is scored
     assert (
-        algo.personal_weights(None, algo.eval_view(senv, new, 0, 1), {}, RoundContext(1)) is None
-    )  # by everyone
+        algo.eval_view(senv, new, None, ServerContext(1)).get("weights") is new["weights"]
+    )  # the server model is scored
+    view = algo.eval_view(senv, new, 0, ServerContext(1))
+    assert view["weights"] is new["weights"]  # by everyone: the default personal_model
 
 
 def test_feddyn_client_update_two_steps_by_hand():

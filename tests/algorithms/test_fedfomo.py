@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.fedfomo import fomo_combine, fomo_weights
 from pflkit.engine import Simulation
+from pflkit.testing import personal_weights
 from split_helpers import federation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,16 +51,21 @@ def test_a_client_downloads_its_highest_affinity_clients_of_the_previous_round()
     row = {1: 0.1, 2: 0.5, 3: 0.9, 5: 0.3, 6: -0.2, 7: 0.8}
     server = server_with(algo, senv, [0, 1, 2, 5, 6], {0: row})
     for rnd in (2, 3, 7, 40):
-        payload = algo.configure(senv, server, 0, rnd, "train")
+        payload = algo.configure(senv, server, 0, ServerContext(rnd, "train"))
         # by hand: candidates 1, 2, 5, 6 (0 is the client itself); the two highest are 2 and 5
         assert payload["ids"].tolist() == [2, 5]
         for j, m in zip([2, 5], payload["models"], strict=True):
             assert all(torch.equal(v, server["models"][j][k]) for k, v in m.items())
     # the uploads of a round are the next round's candidates
     up = {"weights": server["init"], "ids": torch.tensor([], dtype=torch.int64)}
-    after = algo.aggregate(senv, server, {4: {**up, "w": torch.zeros(0)}, 1: up}, 5, "train")
+    after = algo.aggregate(
+        senv, server, {4: {**up, "w": torch.zeros(0)}, 1: up}, ServerContext(5, "train")
+    )
     assert after["recent"] == [1, 4]
-    assert algo.configure(senv, after, 0, 6, "train")["ids"].tolist() == [1, 4]  # <= M: all
+    assert algo.configure(senv, after, 0, ServerContext(6, "train"))["ids"].tolist() == [
+        1,
+        4,
+    ]  # <= M: all
 
 
 def test_ties_are_broken_at_random_so_no_client_is_favoured_by_its_id():
@@ -149,13 +155,13 @@ def test_client_update_weights_models_by_validation_gain_then_trains():
     # the server stores the model and adds w to the affinity row
     server = algo.server_init(senv)
     server["P"][0, 3] = 0.5
-    new = algo.aggregate(senv, server, {0: out.upload}, 4, "train")
+    new = algo.aggregate(senv, server, {0: out.upload}, ServerContext(4, "train"))
     np.testing.assert_allclose(new["P"][0, [3, 5, 6]].numpy(), [0.5 + w[0], 0.0, w[2]], rtol=1e-6)
     assert float(new["P"].abs().sum()) == pytest.approx(0.5 + 1.0)
     assert new["models"][0] is out.upload["weights"]
     # the model scored for the client is its own last model, not the initial one
-    view = algo.eval_view(senv, new, 0, 1)
-    scored = algo.personal_weights(envs[0], view, out.state, RoundContext(1))
+    view = algo.eval_view(senv, new, 0, ServerContext(1))
+    scored = personal_weights(algo, envs[0], view, out.state, RoundContext(1))
     assert all(torch.equal(scored[k], out.state["weights"][k]) for k in own)
 
 

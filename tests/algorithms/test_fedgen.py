@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.fedgen import FedGen, diversity_loss
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
@@ -99,9 +99,13 @@ def test_round_one_is_plain_fedavg_and_the_generator_is_sent_afterwards():
     sim = simulation()
     algo, senv = sim.algo, sim.senv
     server = algo.server_init(senv)
-    assert set(algo.configure(senv, server, 0, 1, "train")) == {"weights"}
+    assert set(algo.configure(senv, server, 0, ServerContext(1, "train"))) == {"weights"}
     trained = {**server, "trained": True}
-    assert set(algo.configure(senv, trained, 0, 2, "train")) == {"weights", "gen", "labels"}
+    assert set(algo.configure(senv, trained, 0, ServerContext(2, "train"))) == {
+        "weights",
+        "gen",
+        "labels",
+    }
     assert isinstance(algo, FedGen)
 
 
@@ -168,16 +172,17 @@ def test_server_averages_by_sample_count_and_remembers_the_labels_seen():
         0: {"weights": fill(1.0), "num_samples": 1, "label_counts": torch.tensor([1.0, 0, 0])},
         1: {"weights": fill(5.0), "num_samples": 3, "label_counts": torch.tensor([0.0, 0, 3])},
     }
-    new = algo.aggregate(senv, server, uploads, 2, "train")
+    new = algo.aggregate(senv, server, uploads, ServerContext(2, "train"))
     for k, v in new["weights"].items():
         assert torch.equal(v, torch.full_like(v, (1 * 1 + 3 * 5) / 4)), k
     assert new["labels"].tolist() == [0, 1, 2] and new["trained"]
     assert all(torch.equal(new["gen"][k], server["gen"][k]) for k in server["gen"])
-    assert algo.global_weights(senv, new, 1) is new["weights"]  # the global model is scored
     assert (
-        algo.personal_weights(None, algo.eval_view(senv, new, 0, 1), {}, RoundContext(1)) is None
-    )  # by everyone
-    payload = algo.configure(senv, new, 0, 3, "train")
+        algo.eval_view(senv, new, None, ServerContext(1)).get("weights") is new["weights"]
+    )  # the global model is scored
+    view = algo.eval_view(senv, new, 0, ServerContext(1))
+    assert view["weights"] is new["weights"]  # by everyone: the default personal_model
+    payload = algo.configure(senv, new, 0, ServerContext(3, "train"))
     assert payload["labels"] is new["labels"] and payload["gen"] is new["gen"]
 
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from conftest import tiny_config
 from pflkit.algorithms.base import parse_params
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.fedmmd import fedmmd_loss
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -142,7 +142,7 @@ def feature_mmd_after_training(lam: float) -> float:
     )
     sim = Simulation(cfg)
     env = sim.envs[0]
-    payload = sim.algo.configure(sim.senv, sim.server, 0, 1, "train")
+    payload = sim.algo.configure(sim.senv, sim.server, 0, ServerContext(1, "train"))
     torch.manual_seed(1)
     upload = sim.algo.client_update(env, payload, {}, RoundContext(1)).upload
     model = env.model("measure")

@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms.base import weighted_average
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.fednova import FedNova, nova_norm
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -62,7 +62,7 @@ def test_norm_by_hand():
 def test_server_step_by_hand_and_not_fedavg():
     x = {"w": torch.tensor([1.0, 2.0])}
     uploads = {0: up([0.5, -1.0], 2.0, 1), 3: up([1.0, 1.0], 4.0, 3)}
-    new = algo().aggregate(None, {"weights": x}, uploads, 1, "train")
+    new = algo().aggregate(None, {"weights": x}, uploads, ServerContext(1, "train"))
     # p = (1/4, 3/4); tau_eff = 0.5 + 3 = 3.5; sum p d = (0.875, 0.5); x - 3.5 * that
     np.testing.assert_allclose(new["weights"]["w"], [-2.0625, 0.25], rtol=1e-6)
     # FedAvg of the same client models x_i = x - a_i d_i = (0, 4) and (-3, -2): (-2.25, -0.5)
@@ -70,7 +70,9 @@ def test_server_step_by_hand_and_not_fedavg():
               for c, u in uploads.items()}  # fmt: skip
     np.testing.assert_allclose(weighted_average(models)["w"], [-2.25, -0.5])
     # uniform weighting (the MAP code): p = 1/2, tau_eff = 3, sum p d = (0.75, 0)
-    new = algo(weighting="uniform").aggregate(None, {"weights": x}, uploads, 1, "train")
+    new = algo(weighting="uniform").aggregate(
+        None, {"weights": x}, uploads, ServerContext(1, "train")
+    )
     np.testing.assert_allclose(new["weights"]["w"], [-1.25, 2.0], rtol=1e-6)
 
 
@@ -78,7 +80,7 @@ def test_code_variant_tau_eff_counts_steps_with_prox():
     x = {"w": torch.tensor([1.0, 2.0])}
     uploads = {0: up([0.5, -1.0], 2.0, 1, steps=3), 1: up([1.0, 1.0], 4.0, 3, steps=5)}
     a = algo(variant="code", prox_mu=0.01)
-    new = a.aggregate(None, {"weights": x}, uploads, 1, "train")
+    new = a.aggregate(None, {"weights": x}, uploads, ServerContext(1, "train"))
     # tau_eff = 0.25 * 3 + 0.75 * 5 = 4.5 (steps, not a_i); 1 - 4.5 * 0.875, 2 - 4.5 * 0.5
     np.testing.assert_allclose(new["weights"]["w"], [-2.9375, -0.25], rtol=1e-6)
 
@@ -91,7 +93,7 @@ def test_server_momentum_over_two_rounds_and_buffers():
         0: up([0.5, -1.0], 2.0, 1, rm=torch.tensor([1.0]), nbt=torch.tensor(7)),
         3: up([1.0, 1.0], 4.0, 3, rm=torch.tensor([3.0]), nbt=torch.tensor(9)),
     }
-    server = a.aggregate(None, server, r1, 1, "train")
+    server = a.aggregate(None, server, r1, ServerContext(1, "train"))
     # M1 = Delta1 = (3.0625, 1.75); x1 = x0 - M1
     np.testing.assert_allclose(server["momentum"]["w"], [3.0625, 1.75], rtol=1e-6)
     np.testing.assert_allclose(server["weights"]["w"], [-2.0625, 0.25], rtol=1e-6)
@@ -100,7 +102,7 @@ def test_server_momentum_over_two_rounds_and_buffers():
     assert int(server["weights"]["nbt"]) == 7
     assert list(server["weights"]) == ["w", "rm", "nbt"]
     r2 = {1: up([2.0, 0.0], 1.0, 1, rm=torch.tensor([4.0]), nbt=torch.tensor(1))}
-    server = a.aggregate(None, server, r2, 2, "train")
+    server = a.aggregate(None, server, r2, ServerContext(2, "train"))
     # Delta2 = 1 * (2, 0); M2 = 0.5 M1 + Delta2 = (3.53125, 0.875); x2 = x1 - M2
     np.testing.assert_allclose(server["momentum"]["w"], [3.53125, 0.875], rtol=1e-6)
     np.testing.assert_allclose(server["weights"]["w"], [-5.59375, -0.625], rtol=1e-6)
@@ -112,7 +114,7 @@ def test_equal_steps_without_momentum_is_fedavg():
     n = [10, 30, 60]
     tau = 6.0
     uploads = {c: up(((x["w"] - m) / tau).tolist(), tau, n[c]) for c, m in enumerate(models)}
-    new = algo().aggregate(None, {"weights": x}, uploads, 1, "train")
+    new = algo().aggregate(None, {"weights": x}, uploads, ServerContext(1, "train"))
     want = sum(nc / 100 * m for nc, m in zip(n, models, strict=True))
     np.testing.assert_allclose(new["weights"]["w"], want, rtol=1e-6, atol=1e-6)
 

@@ -10,6 +10,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms.base import weighted_average
+from pflkit.algorithms.context import ServerContext
 from pflkit.algorithms.fedopt import FedOpt
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -55,9 +56,9 @@ def start(opt: str, tau: float = 1e-3):
 
 
 def two_rounds(a: FedOpt, opt: str):
-    s1 = a.aggregate(None, start(opt, a.params.tau), uploads(ROUND1), 1, "train")
+    s1 = a.aggregate(None, start(opt, a.params.tau), uploads(ROUND1), ServerContext(1, "train"))
     s1_copy = {k: dict(v) if isinstance(v, dict) else v for k, v in s1.items()}
-    s2 = a.aggregate(None, s1, uploads(ROUND2), 2, "train")
+    s2 = a.aggregate(None, s1, uploads(ROUND2), ServerContext(2, "train"))
     return s1_copy, s2
 
 
@@ -76,7 +77,7 @@ def test_adaptive_first_step_written_out():
     # adagrad, eta 0.1, beta1 0.9, tau 1e-3: m1 = 0.1 Delta1 = (0.025, 0.15),
     # v1 = 1e-6 + Delta1^2 = (0.062501, 2.250001), sqrt(v1) = (0.250002, 1.5000003)
     s1 = algo(server_opt="adagrad", server_lr=0.1).aggregate(
-        None, start("adagrad"), uploads(ROUND1), 1, "train"
+        None, start("adagrad"), uploads(ROUND1), ServerContext(1, "train")
     )
     np.testing.assert_allclose(s1["m"]["w"], [0.025, 0.15], rtol=1e-6)
     np.testing.assert_allclose(s1["v"]["w"], [0.062501, 2.250001], rtol=1e-6)
@@ -140,7 +141,7 @@ def test_sgdm_without_momentum_at_lr_1_is_fedavg_and_buffers_are_averaged():
     assert list(s1["weights"]) == ["w", "rm", "nbt"]
     # uniform weighting: the plain mean (1.5, -1)
     u = algo(server_lr=1.0, beta1=0.0, weighting="uniform")
-    s = u.aggregate(None, start("sgdm"), uploads(ROUND1), 1, "train")
+    s = u.aggregate(None, start("sgdm"), uploads(ROUND1), ServerContext(1, "train"))
     np.testing.assert_allclose(s["weights"]["w"], [1.5, -1.0])
 
 

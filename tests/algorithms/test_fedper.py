@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.engine import run_experiment
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate
@@ -90,10 +90,10 @@ def test_aggregate_averages_the_body_by_samples_and_uniform_on_request():
         0: {"body": {k: torch.full_like(v, 2.0) for k, v in body.items()}, "num_samples": 1},
         3: {"body": {k: torch.full_like(v, -2.0) for k, v in body.items()}, "num_samples": 3},
     }
-    new = algo.aggregate(senv, {"body": body}, ups, 1, "train")["body"]
+    new = algo.aggregate(senv, {"body": body}, ups, ServerContext(1, "train"))["body"]
     assert_close(new, {k: torch.full_like(v, (2.0 - 3 * 2.0) / 4) for k, v in body.items()})
     uni, senv_u, _ = one_client({"name": "fedper", "weighting": "uniform"}, X, Y, 3, hidden=(2, 2))
-    new_u = uni.aggregate(senv_u, {"body": body}, ups, 1, "train")["body"]
+    new_u = uni.aggregate(senv_u, {"body": body}, ups, ServerContext(1, "train"))["body"]
     assert_close(new_u, {k: torch.zeros_like(v) for k, v in body.items()})
 
 
@@ -103,16 +103,19 @@ def test_the_scored_model_is_the_aggregated_body_with_the_own_head_by_hand():
     upd = algo.client_update(env, {"body": body}, {"head": head}, RoundContext(1))
     other = {k: v - 0.3 for k, v in body.items()}
     server = algo.aggregate(
-        senv, {"body": body}, {0: upd.upload, 1: {"body": other, "num_samples": 1}}, 1, "train"
+        senv,
+        {"body": body},
+        {0: upd.upload, 1: {"body": other, "num_samples": 1}},
+        ServerContext(1, "train"),
     )
-    weights = algo.personal_weights(
-        env, algo.eval_view(senv, server, 0, 1), upd.state, RoundContext(1)
+    weights = algo.personal_model(
+        env, algo.eval_view(senv, server, 0, ServerContext(1)), upd.state, RoundContext(1)
     )
     agg = {k: (3 * upd.upload["body"][k] + other[k]) / 4 for k in body}  # n = 3 and 1
     want = h_logits({k: v.double() for k, v in {**agg, **upd.state["head"]}.items()}, X.double())
-    got = algo.scoring_model(env, weights)(X)
+    got = weights(X)
     assert torch.allclose(got.double(), want, atol=1e-6)
-    assert algo.global_weights(senv, server, 1) is None
+    assert algo.eval_view(senv, server, None, ServerContext(1)).get("weights") is None
 
 
 @pytest.mark.parametrize("name", ["fedper", "fedrep"])
@@ -125,12 +128,15 @@ def test_maps_protocol_scores_the_body_just_trained_with_the_own_head_by_hand(na
     upd = algo.client_update(env, {"body": body}, {"head": head}, RoundContext(1))
     other = {k: v - 0.3 for k, v in body.items()}
     server = algo.aggregate(
-        senv, {"body": body}, {0: upd.upload, 1: {"body": other, "num_samples": 3}}, 1, "train"
+        senv,
+        {"body": body},
+        {0: upd.upload, 1: {"body": other, "num_samples": 3}},
+        ServerContext(1, "train"),
     )
-    view = algo.eval_view(senv, server, 0, 1)
-    trained = algo.trained_weights(env, view, upd.upload, upd.state, RoundContext(1))
+    view = algo.eval_view(senv, server, 0, ServerContext(1))
+    trained = algo.personal_model(env, view, upd.state, RoundContext(1), upload=upd.upload)
     t = {k: v.double() for k, v in {**upd.upload["body"], **upd.state["head"]}.items()}
-    got = algo.scoring_model(env, trained)(X)
+    got = trained(X)
     assert torch.allclose(got.double(), h_logits(t, X.double()), atol=1e-6)
 
 

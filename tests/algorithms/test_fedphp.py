@@ -20,6 +20,7 @@ from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.hpm import HPMParams, hpm_momentum, kt_loss, mmd_pfllib
 from pflkit.algorithms.context import RoundContext
 from pflkit.engine import Simulation
+from pflkit.testing import personal_weights, same_weights
 from split_helpers import assert_close, hand_sgd, mlp_logits
 
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # PFLlib clientphp.py line 124
@@ -194,19 +195,21 @@ def test_personal_trained_scores_the_uploaded_model_not_the_hpm(tiny):
     env, w0 = sim.envs[2], sim.server["weights"]
     hpm = {k: v + 0.3 for k, v in w0.items()}
     up = sim.algo.client_update(env, {"weights": w0}, {"hpm": hpm, "selected": 2}, RoundContext(3))
-    scored = sim.algo.personal_weights(env, {"weights": w0}, up.state, RoundContext(1))
+    scored = personal_weights(sim.algo, env, {"weights": w0}, up.state, RoundContext(1))
     assert_close(scored, up.upload["weights"], atol=0)
     assert any(not torch.allclose(scored[k], up.state["hpm"][k]) for k in w0)
     # MAP's protocol scores the same model; a client never selected, the global model
     assert_close(
-        sim.algo.trained_weights(env, {}, up.upload, up.state, RoundContext(1)),
+        personal_weights(sim.algo, env, {}, up.state, RoundContext(1), upload=up.upload),
         up.upload["weights"],
         0,
     )
-    assert sim.algo.personal_weights(env, {"weights": w0}, {}, RoundContext(1)) is None
+    assert same_weights(personal_weights(sim.algo, env, {"weights": w0}, {}, RoundContext(1)), w0)
     # the default scores the HPM
     default = Simulation(tiny(algorithm={"name": "fedphp"})).algo
-    assert default.personal_weights(env, {}, up.state, RoundContext(1)) is up.state["hpm"]
+    assert same_weights(
+        personal_weights(default, env, {}, up.state, RoundContext(1)), up.state["hpm"]
+    )
 
 
 def test_a_round_reports_the_pooled_accuracy_of_the_trained_models(tiny):

@@ -15,7 +15,7 @@ from torch import nn
 from conftest import tiny_config
 from pflkit.algorithms import parse_params
 from pflkit.algorithms.base import nbytes
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.fedproto import (
     FedProto,
     RunningMeans,
@@ -77,7 +77,7 @@ SENV = SimpleNamespace(num_classes=4)
 
 
 def test_server_weighted_mean_by_hand():
-    server = algo(proto_agg="weighted").aggregate(SENV, {}, UPLOADS, 1, "train")
+    server = algo(proto_agg="weighted").aggregate(SENV, {}, UPLOADS, ServerContext(1, "train"))
     assert server["classes"].tolist() == [0, 1, 2]
     # class 0: (1*[1,0] + 3*[3,3]) / 4; class 1: (3*[0,2] + 1*[4,2]) / 4; class 2: [5,5]
     expected = torch.tensor([[2.5, 2.25], [1.0, 2.0], [5.0, 5.0]])
@@ -85,7 +85,7 @@ def test_server_weighted_mean_by_hand():
 
 
 def test_server_uniform_mean_by_hand():
-    server = algo(proto_agg="uniform").aggregate(SENV, {}, UPLOADS, 1, "train")
+    server = algo(proto_agg="uniform").aggregate(SENV, {}, UPLOADS, ServerContext(1, "train"))
     # plain means over the clients holding the class: never both normalisations
     expected = torch.tensor([[2.0, 1.5], [2.0, 2.0], [5.0, 5.0]])
     assert torch.allclose(server["protos"], expected)
@@ -93,13 +93,13 @@ def test_server_uniform_mean_by_hand():
 
 def test_server_keeps_classes_nobody_uploaded_this_round():
     a = algo()
-    server = a.aggregate(SENV, {}, UPLOADS, 1, "train")
-    server = a.aggregate(SENV, server, {5: UPLOADS[5]}, 2, "train")
+    server = a.aggregate(SENV, {}, UPLOADS, ServerContext(1, "train"))
+    server = a.aggregate(SENV, server, {5: UPLOADS[5]}, ServerContext(2, "train"))
     assert server["classes"].tolist() == [0, 1, 2]
     assert torch.allclose(server["protos"], torch.tensor([[2.5, 2.25], [4.0, 2.0], [5.0, 5.0]]))
-    payload = a.configure(SENV, server, 3, 3, "train")
+    payload = a.configure(SENV, server, 3, ServerContext(3, "train"))
     assert set(payload) == {"classes", "protos"}
-    assert a.configure(SENV, {}, 3, 1, "train") == {}  # round 1: nothing to send
+    assert a.configure(SENV, {}, 3, ServerContext(1, "train")) == {}  # round 1: nothing to send
 
 
 # -- the regulariser -------------------------------------------------------------------------------
@@ -199,8 +199,8 @@ def test_prototype_inference_uses_the_global_prototypes():
     # the client's own last prototypes, deliberately different: they must not be used
     state["protos"] = {"classes": torch.tensor([0, 1]), "protos": torch.randn(2, d, generator=g)}
     server = {**glob}
-    view = a.eval_view(sim.senv, server, 1, 1)
-    scorer = a.scoring_model(env, a.personal_weights(env, view, state, RoundContext(1)))
+    view = a.eval_view(sim.senv, server, 1, ServerContext(1))
+    scorer = a.personal_model(env, view, state, RoundContext(1))
     scorer.eval()
     with torch.no_grad():
         pred = scorer(env.data.test_x).argmax(1)
@@ -210,9 +210,7 @@ def test_prototype_inference_uses_the_global_prototypes():
     local = set(env.data.train_y.tolist())
     r = algo(inference="prototype", restrict_to_local_classes=True)
     with torch.no_grad():
-        out = r.scoring_model(env, r.personal_weights(env, view, state, RoundContext(1)))(
-            env.data.test_x
-        )
+        out = r.personal_model(env, view, state, RoundContext(1))(env.data.test_x)
     allowed = [c for c in (2, 5, 7) if c in local]
     assert set(out.argmax(1).tolist()) <= set(allowed)
     assert torch.isinf(out[:, [c for c in range(10) if c not in allowed]]).all()
@@ -223,12 +221,17 @@ def test_head_inference_is_the_clients_model():
     a, env = sim.algo, sim.envs[0]
     state = a.client_init(env)
     assert (
-        a.eval_view(sim.senv, {"classes": torch.tensor([0]), "protos": torch.ones(1, 32)}, 0, 1)
+        a.eval_view(
+            sim.senv,
+            {"classes": torch.tensor([0]), "protos": torch.ones(1, 32)},
+            0,
+            ServerContext(1),
+        )
         == {}
     )
-    scorer = a.scoring_model(env, a.personal_weights(env, {}, state, RoundContext(1)))
+    scorer = a.personal_model(env, {}, state, RoundContext(1))
     assert isinstance(scorer, PFLModel)
-    assert a.global_weights(sim.senv, sim.server, 1) is None
+    assert a.eval_view(sim.senv, sim.server, None, ServerContext(1)).get("weights") is None
 
 
 # -- bad input, heterogeneous models ---------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_fedper import X, Y, assert_close, h_logits, hand_steps, split, start
 
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from split_helpers import data, one_client
 
 BODY = ["body.1.weight", "body.1.bias", "body.3.weight", "body.3.bias"]
@@ -66,7 +66,7 @@ def test_aggregate_is_sample_weighted_and_the_papers_mean_with_uniform():
         algo, senv, _ = one_client(
             {"name": "fedrep", "weighting": weighting}, X, Y, 3, hidden=(2, 2)
         )
-        new = algo.aggregate(senv, {"body": body}, ups, 1, "train")["body"]
+        new = algo.aggregate(senv, {"body": body}, ups, ServerContext(1, "train"))["body"]
         assert_close(new, {k: torch.full_like(v, value) for k, v in body.items()})
 
 
@@ -74,12 +74,12 @@ def test_the_scored_model_is_the_latest_body_with_the_own_head_by_hand():
     algo, senv, env = one_client({"name": "fedrep", "head_epochs": 2}, X, Y, 3, hidden=(2, 2))
     body, head = split(start())
     upd = algo.client_update(env, {"body": body}, {"head": head}, RoundContext(1))
-    server = algo.aggregate(senv, {"body": body}, {0: upd.upload}, 1, "train")
-    weights = algo.personal_weights(
-        env, algo.eval_view(senv, server, 0, 1), upd.state, RoundContext(1)
+    server = algo.aggregate(senv, {"body": body}, {0: upd.upload}, ServerContext(1, "train"))
+    weights = algo.personal_model(
+        env, algo.eval_view(senv, server, 0, ServerContext(1)), upd.state, RoundContext(1)
     )
     t = {k: v.double() for k, v in {**upd.upload["body"], **upd.state["head"]}.items()}
-    got = algo.scoring_model(env, weights)(X)
+    got = weights(X)
     assert torch.allclose(got.double(), h_logits(t, X.double()), atol=1e-6)
 
 
@@ -97,7 +97,7 @@ def test_fedrep_freezes_the_body_in_head_epochs_and_the_head_in_body_epochs(
     )  # fmt: skip
     server, state = algo.server_init(senv), algo.client_init(env)
     up, new, _ = algo.client_update(
-        env, algo.configure(senv, server, 0, 1, "train"), state, RoundContext(1, "t")
+        env, algo.configure(senv, server, 0, ServerContext(1, "train")), state, RoundContext(1, "t")
     )
     body_same = all(torch.equal(up["body"][k], server["body"][k]) for k in server["body"])
     head_same = all(torch.equal(new["head"][k], state["head"][k]) for k in state["head"])
@@ -119,7 +119,7 @@ def test_fedrep_private_layers_train_with_the_head(head_epochs, body_epochs):
     assert sorted(server["body"]) == ["body.1.bias", "body.1.weight"]
     assert sorted(state["head"]) == ["body.3.bias", "body.3.weight", "head.bias", "head.weight"]
     up, new, _ = algo.client_update(
-        env, algo.configure(senv, server, 0, 1, "train"), state, RoundContext(1, "t")
+        env, algo.configure(senv, server, 0, ServerContext(1, "train")), state, RoundContext(1, "t")
     )
     assert sorted(up["body"]) == sorted(server["body"])
     body_same = all(torch.equal(up["body"][k], server["body"][k]) for k in server["body"])

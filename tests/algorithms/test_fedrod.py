@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.fedrod import fedrod_loss, generic_logits
 from split_helpers import data, np_ce_grad, np_softmax, one_client
 
@@ -103,7 +103,7 @@ def test_aggregate_averages_body_and_g_head_by_samples():
         0: {"weights": {k: torch.full_like(v, 4.0) for k, v in w.items()}, "num_samples": 1},
         1: {"weights": {k: torch.full_like(v, 0.0) for k, v in w.items()}, "num_samples": 3},
     }
-    new = algo.aggregate(senv, {"weights": w}, ups, 1, "train")["weights"]
+    new = algo.aggregate(senv, {"weights": w}, ups, ServerContext(1, "train"))["weights"]
     assert_close(new, {k: torch.full_like(v, 1.0) for k, v in w.items()})
 
 
@@ -116,19 +116,21 @@ def test_the_scored_models_by_hand(variant):
     upd = algo.client_update(env, {"weights": w}, {"phead": phead}, RoundContext(1))
     other = {k: v + 0.2 for k, v in w.items()}
     ups = {0: upd.upload, 1: {"weights": other, "num_samples": 5}}
-    server = algo.aggregate(senv, {"weights": w}, ups, 1, "train")
+    server = algo.aggregate(senv, {"weights": w}, ups, ServerContext(1, "train"))
     agg = {k: ((upd.upload["weights"][k] + other[k]) / 2).double() for k in w}
     f = h_feat(agg, X.double())
     zg = h_head(agg["head.weight"], agg["head.bias"], f)
     p = {k: v.double() for k, v in upd.state["phead"].items()}
     zp = h_head(p["head.weight"], p["head.bias"], f)
     want = zg + zp if variant == "paper" else (zg + zp) / 2
-    weights = algo.personal_weights(
-        env, algo.eval_view(senv, server, 0, 1), upd.state, RoundContext(1)
+    weights = algo.personal_model(
+        env, algo.eval_view(senv, server, 0, ServerContext(1)), upd.state, RoundContext(1)
     )
-    got = algo.scoring_model(env, weights)(X)
+    got = weights(X)
     assert torch.allclose(got.double(), want, atol=1e-6)
-    assert_close(algo.global_weights(senv, server, 1), agg)  # global_acc: the generic model
+    assert_close(
+        algo.eval_view(senv, server, None, ServerContext(1)).get("weights"), agg
+    )  # global_acc: the generic model
 
 
 # -- FedRoD ---------------------------------------------------------------------------------------

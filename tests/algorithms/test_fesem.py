@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
+from pflkit.algorithms.context import ServerContext
 from pflkit.algorithms.fesem import fesem_step
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
@@ -83,9 +84,9 @@ def recording(sim):
     seen = []
     real = sim.algo.aggregate
 
-    def spy(env, server, uploads, rnd, phase):
+    def spy(env, server, uploads, sctx):
         seen.append(({k: dict(v) for k, v in server["centers"].items()}, dict(uploads)))
-        return real(env, server, uploads, rnd, phase)
+        return real(env, server, uploads, sctx)
 
     sim.algo.aggregate = spy
     return seen
@@ -102,7 +103,8 @@ def test_short_run_assigns_by_distance_and_averages_members(tiny):
     w0 = sim.server["weights"]
     # round 1: nobody has a cluster, everybody downloads w^0
     assert all(
-        sim.algo.configure(sim.senv, sim.server, c, 1, "train")["weights"] is w0 for c in range(4)
+        sim.algo.configure(sim.senv, sim.server, c, ServerContext(1, "train"))["weights"] is w0
+        for c in range(4)
     )
     rows = [sim.run_round(r) for r in (1, 2, 3)]
     full = sum(v.numel() * v.element_size() for v in w0.values())
@@ -137,7 +139,10 @@ def test_short_run_assigns_by_distance_and_averages_members(tiny):
     # every client now downloads, and is scored on, the centre of its own cluster
     for c in range(4):
         k = sim.server["assign"][c]
-        assert sim.algo.eval_view(sim.senv, sim.server, c, 1)["weights"] is sim.server["centers"][k]
+        assert (
+            sim.algo.eval_view(sim.senv, sim.server, c, ServerContext(1))["weights"]
+            is sim.server["centers"][k]
+        )
 
 
 def test_random_init_builds_k_distinct_centers_before_any_round(tiny, tmp_path):
@@ -160,7 +165,7 @@ def test_each_client_downloads_and_is_scored_on_its_own_centre(tiny):
     sim = Simulation(tiny(algorithm={"name": "fesem", "num_clusters": 3}))
     server = {"weights": w(0.0, 0.0), "centers": CENTERS, "assign": {3: 1, 1: 2}}
     for cid, want in ((3, [10.0, 10.0]), (1, [100.0, -100.0]), (0, [0.0, 0.0])):
-        down = sim.algo.configure(sim.senv, server, cid, 2, "train")["weights"]
+        down = sim.algo.configure(sim.senv, server, cid, ServerContext(2, "train"))["weights"]
         np.testing.assert_allclose(down["w"], want)
-        view = sim.algo.eval_view(sim.senv, server, cid, 1)["weights"]
+        view = sim.algo.eval_view(sim.senv, server, cid, ServerContext(1))["weights"]
         np.testing.assert_allclose(view["w"], want)

@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms import parse_params
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.gpfl import (
     TABLE,
     alg_loss,
@@ -118,7 +118,7 @@ def test_one_step_pulls_cov_and_gce_by_mu_times_the_unit_direction():
         algo, senv, env = one_client({"name": "gpfl", "mu": mu}, x, y, 3)
         server = algo.server_init(senv)
         torch.manual_seed(0)
-        upd = algo.client_update(env, algo.configure(senv, server, 0, 1, "train"),
+        upd = algo.client_update(env, algo.configure(senv, server, 0, ServerContext(1, "train")),
                                  algo.client_init(env), RoundContext(1))  # fmt: skip
         return server["shared"], upd
 
@@ -157,8 +157,8 @@ def test_personalized_input_of_a_client_is_its_label_weighted_embedding_mean():
     state = algo.client_init(env)
     c = server["shared"][TABLE].numpy().astype(np.float64)
     hand = 0.5 * c[0] + 0.25 * c[1] + 0.25 * c[2]
-    view = algo.eval_view(senv, server, 0, 1)
-    got = algo.personal_weights(env, view, state, RoundContext(1))["cond.p"]
+    view = algo.eval_view(senv, server, 0, ServerContext(1))
+    got = algo.personal_model(env, view, state, RoundContext(1)).cond
     assert np.allclose(got.numpy(), hand, atol=1e-6)
 
 
@@ -169,14 +169,16 @@ def test_inference_goes_through_the_personalized_route():
     t, w = hand_cov()
     server["shared"].update({k: v.float() for k, v in t.items()})
     state = algo.client_init(env)
-    weights = algo.personal_weights(env, algo.eval_view(senv, server, 0, 1), state, RoundContext(1))
-    p = weights["cond.p"].double().numpy()
+    weights = algo.personal_model(
+        env, algo.eval_view(senv, server, 0, ServerContext(1)), state, RoundContext(1)
+    )
+    p = weights.cond.double().numpy()
     _, _, fp = np_cov(w, p, x.double().numpy())
     W, b = (
         state["head"]["head.weight"].double().numpy(),
         state["head"]["head.bias"].double().numpy(),
     )
-    logits = algo.scoring_model(env, weights)(x)
+    logits = weights(x)
     assert np.allclose(logits.detach().numpy(), fp @ W.T + b, atol=1e-5)
 
 
@@ -367,10 +369,10 @@ def test_aggregate_weights_phi_cov_and_gce_by_samples():
     a = {k: torch.full_like(v, 1.0) for k, v in shared.items()}
     b = {k: torch.full_like(v, 5.0) for k, v in shared.items()}
     ups = {0: {"shared": a, "num_samples": 1}, 2: {"shared": b, "num_samples": 3}}
-    new = algo.aggregate(senv, {"shared": shared}, ups, 1, "train")["shared"]
+    new = algo.aggregate(senv, {"shared": shared}, ups, ServerContext(1, "train"))["shared"]
     assert_close(new, {k: torch.full_like(v, (1 * 1 + 3 * 5) / 4) for k, v in shared.items()})
     algo_u, *_ = gpfl_client(weighting="uniform")
-    new_u = algo_u.aggregate(senv, {"shared": shared}, ups, 1, "train")["shared"]
+    new_u = algo_u.aggregate(senv, {"shared": shared}, ups, ServerContext(1, "train"))["shared"]
     assert_close(new_u, {k: torch.full_like(v, 3.0) for k, v in shared.items()})
 
 
@@ -382,21 +384,21 @@ def test_the_evaluated_model_is_the_aggregate_with_the_own_head_and_p_by_hand():
     upd = algo.client_update(env, {"shared": shared}, state, RoundContext(1))
     other = {k: v + 0.25 for k, v in shared.items()}  # another client's upload
     ups = {0: upd.upload, 1: {"shared": other, "num_samples": 1}}
-    server = algo.aggregate(senv, {"shared": shared}, ups, 1, "train")
+    server = algo.aggregate(senv, {"shared": shared}, ups, ServerContext(1, "train"))
     agg = {k: (3 * upd.upload["shared"][k] + other[k]) / 4 for k in shared}  # n = 3 and 1
-    view = algo.eval_view(senv, server, 0, 1)
-    weights = algo.personal_weights(env, view, upd.state, RoundContext(1))
+    view = algo.eval_view(senv, server, 0, ServerContext(1))
+    weights = algo.personal_model(env, view, upd.state, RoundContext(1))
     t = {k: v.double() for k, v in {**agg, **upd.state["head"]}.items()}
     p = ALPHA3 @ t[TABLE]
     f_p = h_route(t, h_features(t, X3.double()), p)
     want = f_p @ t["head.weight"].T + t["head.bias"]
-    got = algo.scoring_model(env, weights)(X3)
+    got = weights(X3)
     assert torch.allclose(got.double(), want, atol=1e-5)
     # MAP's protocol scores the freshly trained model: the uploaded phi, V and table (p from
     # that table) with the trained head
-    trained = algo.trained_weights(env, view, upd.upload, upd.state, RoundContext(1))
+    trained = algo.personal_model(env, view, upd.state, RoundContext(1), upload=upd.upload)
     t2 = {k: v.double() for k, v in {**upd.upload["shared"], **upd.state["head"]}.items()}
     f_p2 = h_route(t2, h_features(t2, X3.double()), ALPHA3 @ t2[TABLE])
     want2 = f_p2 @ t2["head.weight"].T + t2["head.bias"]
-    got2 = algo.scoring_model(env, trained)(X3)
+    got2 = trained(X3)
     assert torch.allclose(got2.double(), want2, atol=1e-5)

@@ -23,7 +23,7 @@ from distill_helpers import hetero_cfg, logits_of, np_project, setup, soft, trai
 from pflkit.algorithms import parse_params, resolve_params
 from pflkit.algorithms.base import nbytes
 from pflkit.algorithms.blocks.distill import mix, restrict
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.ktpfl import (
     coef_objective,
     coef_step_official,
@@ -211,14 +211,14 @@ def test_coef_timing_decides_which_c_mixes_and_which_uploads_update_it(timing, d
     counts = [40.0, 30.0, 20.0, 10.0]
     w = np.array(counts) / sum(counts)
     share = {c: {"soft": s1[c], "num_samples": int(counts[c])} for c in range(4)}
-    after_share = algo.aggregate(senv, server, share, 1, "share")
+    after_share = algo.aggregate(senv, server, share, ServerContext(1, "share"))
     stepped = hand_c_steps(C0, s1.double().numpy(), w)
     mixing = stepped if timing == "before_mix" else C0  # the code updates c, then mixes
     for n in range(4):
         expected = sum(float(mixing[m, n]) * s1[m] for m in range(4))
         assert torch.allclose(after_share["teachers"][n], expected, atol=1e-6)
     distill = {c: ({"soft": s2[c]} if timing == "after_distill_reupload" else {}) for c in range(4)}
-    final = algo.aggregate(senv, after_share, distill, 1, "distill")
+    final = algo.aggregate(senv, after_share, distill, ServerContext(1, "distill"))
     if timing == "after_distill_reupload":
         stepped = hand_c_steps(C0, s2.double().numpy(), w)  # eq. 7 at the distilled w*
     np.testing.assert_allclose(final["c"].numpy(), stepped, atol=1e-9)
@@ -334,7 +334,7 @@ def test_teacher_for_client_n_is_exactly_the_c_weighted_mix(digits_with_public):
         expected = sum(c_before[m, n] * s[m].double() for m in range(4)).float()
         assert torch.allclose(sim.server["teachers"][n], expected, atol=1e-6)
         assert torch.allclose(sim.server["teachers"][n].sum(1), torch.ones(64), atol=1e-5)
-        payload = sim.algo.configure(sim.senv, sim.server, n, 2, "distill")
+        payload = sim.algo.configure(sim.senv, sim.server, n, ServerContext(2, "distill"))
         assert torch.equal(payload["teacher"], sim.server["teachers"][n])
     # the collapse diagnostic: the mean diagonal of c after each round's update
     diag = [float(c_before.diagonal().mean()), float(sim.server["c"].diagonal().mean())]
@@ -425,20 +425,22 @@ def test_homogeneous_ktpfl_mixes_parameters_by_columns_of_c(tiny, digits_with_pu
     uploads = {}
     for c in range(4):
         torch.manual_seed(c)
-        payload = algo.configure(senv, server, c, 1, "train")
+        payload = algo.configure(senv, server, c, ServerContext(1, "train"))
         uploads[c] = algo.client_update(envs[c], payload, {}, RoundContext(1)).upload
     x = digits_with_public.public_x
     z = logits_of(envs[0], uploads[0]["weights"], x)
     np.testing.assert_allclose(
         uploads[0]["soft"].numpy(), torch.softmax(z / t, 1).numpy(), atol=1e-6
     )
-    new = algo.aggregate(senv, server, uploads, 1, "train")
+    new = algo.aggregate(senv, server, uploads, ServerContext(1, "train"))
     for n in range(4):  # w_bar_n = sum_m c[m, n] w_m: column n, not row n
         for k, v in new["personal"][n].items():
             expected = sum(float(C0[m, n]) * uploads[m]["weights"][k] for m in range(4))
             assert torch.allclose(v, expected, atol=1e-6), (n, k)
         # ... which client n downloads next round (and is scored with before it trains)
-        assert algo.configure(senv, new, n, 2, "train")["weights"] is new["personal"][n]
+        assert (
+            algo.configure(senv, new, n, ServerContext(2, "train"))["weights"] is new["personal"][n]
+        )
     s = torch.stack([uploads[c]["soft"] for c in range(4)]).double().numpy()
     counts = np.array([envs[c].num_train for c in range(4)], dtype=float)
     stepped = hand_c_steps(C0, s, counts / counts.sum())

@@ -11,7 +11,7 @@ from torch import nn
 
 from conftest import tiny_config
 from pflkit.algorithms import l2gd as l2gd_module
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.l2gd import coin_runs, pull
 from pflkit.engine import Simulation, run_experiment
 from pflkit.errors import PflkitError
@@ -54,9 +54,9 @@ def test_client_pull_uses_alpha_lam_over_n_p(tiny):
             torch.testing.assert_close(out.state["weights"][k], v - 0.3 * (v - x_bar[k]))
     # eta set: c = eta lam / (n p) = 0.2 * 0.5 / (4 * 0.25) = 0.1 (n = 4 clients, sent down)
     sim = l2gd_sim(tiny, eta=0.2, lam=0.5, p=0.25, pulls="one")
-    payload = sim.algo.configure(sim.senv, sim.server, 0, 1, "local")
+    payload = sim.algo.configure(sim.senv, sim.server, 0, ServerContext(1, "local"))
     assert payload == {"num_clients": 4}
-    pull_payload = sim.algo.configure(sim.senv, sim.server, 0, 1, "pull")
+    pull_payload = sim.algo.configure(sim.senv, sim.server, 0, ServerContext(1, "pull"))
     assert sorted(pull_payload) == ["num_clients", "weights"] and pull_payload["num_clients"] == 4
     x_bar = pull_payload["weights"]  # this run's x_bar
     out = sim.algo.client_update(sim.envs[1], pull_payload, {"weights": x}, RoundContext(1, "pull"))
@@ -97,7 +97,7 @@ def test_local_step_is_alpha_over_n_one_minus_p(tiny):
     loss = nn.functional.cross_entropy(model(env.data.train_x), env.data.train_y)
     names = [k for k, _ in model.named_parameters()]
     grads = dict(zip(names, torch.autograd.grad(loss, list(model.parameters())), strict=True))
-    payload = sim.algo.configure(sim.senv, sim.server, 2, 1, "local")
+    payload = sim.algo.configure(sim.senv, sim.server, 2, ServerContext(1, "local"))
     out = sim.algo.client_update(env, payload, {"weights": x}, RoundContext(1, "local"))
     for k in names:
         torch.testing.assert_close(out.upload["weights"][k], x[k] - 0.1 * grads[k])
@@ -140,10 +140,10 @@ def test_short_run_pulls_every_private_model_toward_the_average(tiny, tmp_path):
     seen = []
     real = sim.algo.aggregate
 
-    def spy(env, server, uploads, rnd, phase):
-        if phase == "local":
+    def spy(env, server, uploads, sctx):
+        if sctx.phase == "local":
             seen.append({c: u["weights"] for c, u in uploads.items()})
-        return real(env, server, uploads, rnd, phase)
+        return real(env, server, uploads, sctx)
 
     sim.algo.aggregate = spy
     full = sum(v.numel() * v.element_size() for v in sim.server["weights"].values())
@@ -202,7 +202,7 @@ def test_local_phase_runs_L_r_plain_gradient_steps(tiny, monkeypatch):
     for _ in range(3):  # x <- x - 0.2 grad f_i(x)
         g = full_batch_grads(model, want, env.data.train_x, env.data.train_y)
         want = {k: v - 0.2 * g[k] if k in g else v for k, v in want.items()}
-    payload = sim.algo.configure(sim.senv, sim.server, 1, 1, "local")
+    payload = sim.algo.configure(sim.senv, sim.server, 1, ServerContext(1, "local"))
     out = sim.algo.client_update(env, payload, {"weights": x0}, RoundContext(1, "local"))
     for k, v in want.items():
         torch.testing.assert_close(out.upload["weights"][k], v, rtol=1e-5, atol=1e-6)
@@ -223,7 +223,7 @@ def test_pull_phase_applies_M_r_aggregation_steps(tiny, monkeypatch):
         0: {"weights": {"w": torch.tensor([2.0, 0.0]), "n": torch.tensor(3)}, "num_samples": 1},
         2: {"weights": {"w": torch.tensor([0.0, 4.0]), "n": torch.tensor(3)}, "num_samples": 9},
     }
-    server = sim.algo.aggregate(sim.senv, {"weights": w}, ups, 1, "local")
+    server = sim.algo.aggregate(sim.senv, {"weights": w}, ups, ServerContext(1, "local"))
     np.testing.assert_allclose(server["weights"]["w"], [1.0, 2.0])  # not (0.2, 3.6)
     x_bar = sim.server["weights"]
     x = perturbed(x_bar, 0.5, 4)

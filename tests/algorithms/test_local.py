@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from pflkit.algorithms import build_algorithm
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.engine import Simulation, run_experiment
-from pflkit.testing import round_ctx, toy_envs
+from pflkit.testing import personal_weights, round_ctx, same_weights, toy_envs
 from split_helpers import assert_close, hand_sgd
 
 
@@ -34,7 +34,9 @@ def test_local_client_step_trains_its_own_model_by_hand(tiny):
     want = hand_sgd(w0, d.train_x, d.train_y, lr=0.05, epochs=2)
     assert up.upload == {}
     assert_close(up.state["weights"], want)
-    assert sim.algo.personal_weights(env, {}, up.state, RoundContext(1)) is up.state["weights"]
+    assert same_weights(
+        personal_weights(sim.algo, env, {}, up.state, RoundContext(1)), up.state["weights"]
+    )
 
 
 # -- private state on two toy clients, no config (pflkit.testing) -----------------------------------
@@ -52,13 +54,17 @@ def test_local_trains_its_own_state_and_sends_nothing_on_toy_clients():
     states = {0: {"weights": zero}, 1: algo.client_init(c1)}
     before = {k: v.clone() for k, v in states[1]["weights"].items()}
 
-    payload = algo.configure(server_env, server, 0, 1, "train")
+    payload = algo.configure(server_env, server, 0, ServerContext(1, "train"))
     update = algo.client_update(c0, payload, states[0], round_ctx(c0))
     assert payload == {} and update.upload == {}
     mine = update.state["weights"]
     assert torch.allclose(mine["head.weight"], torch.tensor([[0.1], [-0.1]]))
     assert torch.allclose(mine["head.bias"], torch.tensor([0.05, -0.05]))
-    assert algo.aggregate(server_env, server, {0: update.upload}, 1, "train") == server
-    assert algo.personal_weights(c0, {}, update.state, round_ctx(c0, phase="evaluate")) is mine
+    assert (
+        algo.aggregate(server_env, server, {0: update.upload}, ServerContext(1, "train")) == server
+    )
+    assert same_weights(
+        personal_weights(algo, c0, {}, update.state, round_ctx(c0, phase="evaluate")), mine
+    )
     assert all(torch.equal(states[1]["weights"][k], before[k]) for k in before)
     assert not any(v.any() for v in zero.values())  # the old state was not trained in place

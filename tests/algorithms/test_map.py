@@ -14,11 +14,12 @@ import torch
 from map_helpers import kt_ce
 from pflkit.algorithms.base import parse_params
 from pflkit.algorithms.blocks.rs import class_counts, rs_loss, rs_scale
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.engine import Simulation, run_experiment
 from pflkit.engine.simulation import seed_torch
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import get_weights, set_weights
+from pflkit.testing import personal_weights, same_weights
 from split_helpers import assert_close, hand_sgd, rs_ce
 
 
@@ -61,7 +62,7 @@ def test_map_uploads_the_stage_a_rs_model_and_keeps_stage_b_private(tiny):
     # the HPM (stage B result) differs from the upload and is the personalized model
     hpm = up.state["hpm"]
     assert any(not torch.equal(hpm[k], up.upload["weights"][k]) for k in hpm)
-    assert algo.personal_weights(env, {}, up.state, RoundContext(1)) is hpm
+    assert same_weights(personal_weights(algo, env, {}, up.state, RoundContext(1)), hpm)
 
 
 def test_map_trains_on_incomplete_classes(tiny, tmp_path):
@@ -101,7 +102,7 @@ def test_scamap_stage_a_is_scaffold_on_the_rs_loss(tiny, tmp_path):
 
     sim = Simulation(incomplete(tiny).model_copy(update={"algorithm": {"name": "scamap"}}))
     env, algo = sim.envs[2], sim.algo
-    payload = algo.configure(sim.senv, sim.server, 2, 1, "train")
+    payload = algo.configure(sim.senv, sim.server, 2, ServerContext(1, "train"))
     payload["control"] = {k: torch.full_like(v, 0.01) for k, v in payload["control"].items()}
     seed_torch(5)
     ctx = RoundContext(1)
@@ -271,7 +272,7 @@ def test_scamap_server_update_by_hand(tiny):
         }
         for cid in (0, 2, 5)
     }
-    new = sim.algo.aggregate(sim.senv, sim.server, ups, 1, "train")
+    new = sim.algo.aggregate(sim.senv, sim.server, ups, ServerContext(1, "train"))
     mean_dy = {k: sum(u["delta_y"][k] for u in ups.values()) / 3 for k in x}
     mean_dc = {k: sum(u["delta_c"][k] for u in ups.values()) / 3 for k in c}
     assert_close(new["weights"], {k: x[k] + mean_dy[k] for k in x}, atol=1e-6)

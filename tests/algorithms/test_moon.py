@@ -12,7 +12,7 @@ from torch import nn
 
 from conftest import tiny_config
 from pflkit.algorithms import build_algorithm
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.moon import model_contrastive_loss, moon_loss
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
@@ -98,7 +98,7 @@ def sims():
 def test_mu_zero_is_fedavg_and_the_trained_model_becomes_prev(sims):
     moon0, moon, fedavg = sims(name="moon", mu=0.0), sims(name="moon"), sims(name="fedavg")
     env = moon.envs[0]
-    payload = moon.algo.configure(moon.senv, moon.server, 0, 1, "train")
+    payload = moon.algo.configure(moon.senv, moon.server, 0, ServerContext(1, "train"))
     gen = torch.Generator().manual_seed(0)
     prev = {
         k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in payload["weights"].items()
@@ -224,16 +224,18 @@ def test_first_prev_initial_sends_the_initial_model_until_the_first_upload():
     assert server["uploaded"] == []
     later = {**server, "weights": _perturbed(server["weights"], 0.2, 3), "uploaded": [0, 2]}
     for cid in range(4):
-        payload = algo.configure(senv, later, cid, 2, "train")
+        payload = algo.configure(senv, later, cid, ServerContext(2, "train"))
         assert ("init" in payload) == (cid in (1, 3)), cid
         if cid in (1, 3):  # the initial model, not the current global one
             assert all(torch.equal(payload["init"][k], v) for k, v in init.items())
     ups = {3: {"weights": later["weights"], "num_samples": 5}}
-    assert algo.aggregate(senv, later, ups, 2, "train")["uploaded"] == [0, 2, 3]
+    assert algo.aggregate(senv, later, ups, ServerContext(2, "train"))["uploaded"] == [0, 2, 3]
     # the default keeps no initial model and sends none
     plain = _moon_sim()
     assert set(plain.server) == {"weights"}
-    assert set(plain.algo.configure(plain.senv, plain.server, 1, 1, "train")) == {"weights"}
+    assert set(plain.algo.configure(plain.senv, plain.server, 1, ServerContext(1, "train"))) == {
+        "weights"
+    }
 
 
 @pytest.mark.parametrize("first_prev", ["none", "initial"])
@@ -246,7 +248,9 @@ def test_a_first_selection_in_a_later_round_by_hand(first_prev):
     x, y = env.data.train_x, env.data.train_y
     init = sim.server["weights"]
     g = _perturbed(init, 0.3, 5)
-    payload = sim.algo.configure(sim.senv, {**sim.server, "weights": g}, 1, 4, "train")
+    payload = sim.algo.configure(
+        sim.senv, {**sim.server, "weights": g}, 1, ServerContext(4, "train")
+    )
     out = sim.algo.client_update(env, payload, {}, RoundContext(4))
     model = env.model("check")
     mu = 2.0 if first_prev == "initial" else 0.0

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.perfedavg import meta_loss
+from pflkit.testing import personal_weights
 from split_helpers import data, np_ce_grad, one_client
 
 # inputs of 2 numbers, 2 classes; softmax regression (mlp []: head only)
@@ -85,7 +86,7 @@ def test_aggregate_is_the_plain_mean_by_default_and_sample_weighted_on_request()
     }
     for params, value in [({}, 3.0), ({"weighting": "samples"}, (1.0 + 3 * 5.0) / 4)]:
         algo, senv, _ = perfedavg(**params)
-        new = algo.aggregate(senv, {"weights": start()}, ups, 1, "train")["weights"]
+        new = algo.aggregate(senv, {"weights": start()}, ups, ServerContext(1, "train"))["weights"]
         for k, v in new.items():
             assert torch.allclose(v, torch.full_like(v, value)), (params, k)
 
@@ -96,16 +97,16 @@ def test_the_scored_model_is_one_alpha_step_from_the_latest_w_by_hand():
     itself is the global model."""
     algo, senv, env = perfedavg()
     server = {"weights": {k: v + 0.1 for k, v in start().items()}}
-    view = algo.eval_view(senv, server, 0, 1)
+    view = algo.eval_view(senv, server, 0, ServerContext(1))
     torch.manual_seed(4)
     first = torch.randperm(6)[:1]
     torch.manual_seed(4)
-    got = algo.personal_weights(env, view, {}, RoundContext(1))
+    got = personal_weights(algo, env, view, {}, RoundContext(1))
     w = {k: v.double() for k, v in server["weights"].items()}
     g, _ = h_grad(w, first)
     for k in w:
         assert torch.allclose(got[k].double(), w[k] - ALPHA * g[k], atol=1e-6), k
-    assert algo.global_weights(senv, server, 1) is server["weights"]
+    assert algo.eval_view(senv, server, None, ServerContext(1)).get("weights") is server["weights"]
 
 
 # -- Per-FedAvg -------------------------------------------------------------------------------
@@ -115,7 +116,7 @@ def test_perfedavg_personal_model_is_one_sgd_step_of_size_alpha():
     x, y = data(8, 3, 2)
     algo, senv, env = one_client({"name": "perfedavg", "alpha": 0.3}, x, y, 2)  # batch = all 8
     w = algo.server_init(senv)["weights"]
-    adapted = algo.personal_weights(env, {"weights": w}, {}, RoundContext(1))
+    adapted = personal_weights(algo, env, {"weights": w}, {}, RoundContext(1))
     W, b = w["head.weight"].double().numpy(), w["head.bias"].double().numpy()
     gW, gb = np_ce_grad(W, b, x.double().numpy(), y.numpy())
     assert np.allclose(adapted["head.weight"].numpy(), W - 0.3 * gW, atol=1e-6)

@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_config
 from pflkit.algorithms.base import nbytes, train_from
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.pfedhn import generate, hypernet_grads
 from pflkit.engine import Simulation
 from pflkit.engine.clients import seed_torch
@@ -80,14 +80,17 @@ def _sim(tiny, **algo):
 def test_payload_is_the_generated_model(tiny):
     sim = _sim(tiny)
     server, shapes = _linear_server(sim)
-    payload = sim.algo.configure(sim.senv, server, 1, 1, "train")
+    payload = sim.algo.configure(sim.senv, server, 1, ServerContext(1, "train"))
     v = server["embeddings"][1].numpy()
     for k, s in shapes.items():
         h = server["phi"]["heads"][k]
         want = (h["weight"].numpy() @ v + h["bias"].numpy()).reshape(tuple(s))
         np.testing.assert_allclose(payload["weights"][k].numpy(), want, rtol=1e-6, atol=1e-6)
     assert list(payload) == ["weights"]  # phi and the embeddings never leave the server
-    assert sim.algo.eval_view(sim.senv, server, 1, 1)["weights"].keys() == payload["weights"].keys()
+    assert (
+        sim.algo.eval_view(sim.senv, server, 1, ServerContext(1))["weights"].keys()
+        == payload["weights"].keys()
+    )
 
 
 def _check_plain_step(server, new, delta, v, lr, atol):
@@ -109,7 +112,7 @@ def test_server_step_moves_phi_along_delta_and_only_the_client_embedding(tiny):
     server, shapes = _linear_server(sim)
     g = torch.Generator().manual_seed(1)
     delta = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
-    new = sim.algo.aggregate(sim.senv, server, {2: {"delta": delta}}, 1, "train")
+    new = sim.algo.aggregate(sim.senv, server, {2: {"delta": delta}}, ServerContext(1, "train"))
     v = server["embeddings"][2]
     dv = _check_plain_step(server, new, delta, v, lr, atol=1e-6)
     assert torch.allclose(new["embeddings"][2], v + embed_lr * dv, atol=1e-5)
@@ -127,7 +130,9 @@ def test_two_clients_step_in_client_order_with_momentum(tiny):
     server, shapes = _linear_server(sim)
     g = torch.Generator().manual_seed(2)
     deltas = {c: {k: torch.randn(s, generator=g) for k, s in shapes.items()} for c in (3, 1)}
-    new = sim.algo.aggregate(sim.senv, server, {c: {"delta": d} for c, d in deltas.items()}, 1, "t")
+    new = sim.algo.aggregate(
+        sim.senv, server, {c: {"delta": d} for c, d in deltas.items()}, ServerContext(1, "t")
+    )
     k = next(iter(shapes))
     W = server["phi"]["heads"][k]["weight"]
     # both gradients at the round's phi: g_c = -d_c v_c^T; client 1 steps first, then client 3
@@ -149,7 +154,7 @@ def test_gradient_clipping_scales_phi_and_embedding_together(tiny):
     sim = _sim(tiny, hn_lr=1.0, embed_lr=1.0, weight_decay=0.0, grad_clip=0.5)
     server, shapes = _linear_server(sim)
     delta = {k: torch.ones(s) for k, s in shapes.items()}
-    new = sim.algo.aggregate(sim.senv, server, {0: {"delta": delta}}, 1, "train")
+    new = sim.algo.aggregate(sim.senv, server, {0: {"delta": delta}}, ServerContext(1, "train"))
     moved = [
         new["phi"]["heads"][k][n] - server["phi"]["heads"][k][n]
         for k in shapes
@@ -163,7 +168,7 @@ def test_gradient_clipping_scales_phi_and_embedding_together(tiny):
 def test_client_uploads_the_change_of_its_local_training(tiny):
     sim = _sim(tiny)
     env = sim.envs[0]
-    payload = sim.algo.configure(sim.senv, sim.server, 0, 1, "train")
+    payload = sim.algo.configure(sim.senv, sim.server, 0, ServerContext(1, "train"))
     seed_torch(0, 1, 0, 0)
     upd = sim.algo.client_update(env, payload, {}, RoundContext(1))
     seed_torch(0, 1, 0, 0)
@@ -244,7 +249,7 @@ def test_unclipped_step_below_the_threshold_by_hand(tiny):
     sim = _sim(tiny, hn_lr=lr, weight_decay=0.0, grad_clip=50.0)
     server, shapes = _linear_server(sim)
     delta = {k: torch.full(s, 1e-3) for k, s in shapes.items()}
-    new = sim.algo.aggregate(sim.senv, server, {1: {"delta": delta}}, 1, "train")
+    new = sim.algo.aggregate(sim.senv, server, {1: {"delta": delta}}, ServerContext(1, "train"))
     v = server["embeddings"][1]
     dv = _check_plain_step(server, new, delta, v, lr, atol=1e-7)
     assert torch.allclose(new["embeddings"][1], v + lr * dv, atol=1e-6)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.pfedme import moreau_steps, pfedme_loss
+from pflkit.testing import personal_weights, same_weights
 from split_helpers import data, np_ce_grad, one_client
 
 # inputs of 2 numbers, 2 classes; softmax regression (mlp []: head only); full batch
@@ -94,28 +95,28 @@ def test_aggregate_mixes_the_plain_mean_with_beta():
              ({"beta": 0.5, "weighting": "samples"}, 0.5 * 1.0 + 0.5 * 5.0)]  # fmt: skip
     for params, value in cases:
         algo, senv, _ = pfedme(**params)
-        new = algo.aggregate(senv, {"weights": old}, ups, 1, "train")["weights"]
+        new = algo.aggregate(senv, {"weights": old}, ups, ServerContext(1, "train"))["weights"]
         for k, v in new.items():
             assert torch.allclose(v, torch.full_like(v, value)), (params, k)
 
 
 def test_the_scored_model_is_theta_and_the_global_model_is_w():
     algo, senv, env = pfedme(local_steps=2)
-    assert (
-        algo.personal_weights(env, {"weights": start()}, algo.client_init(env), RoundContext(1))
-        is None
-    )
+    assert same_weights(
+        personal_weights(algo, env, {"weights": start()}, algo.client_init(env), RoundContext(1)),
+        start(),
+    )  # before it first trains: the global model
     upd = algo.client_update(env, {"weights": start()}, {}, RoundContext(1))
-    server = algo.aggregate(senv, {"weights": start()}, {0: upd.upload}, 1, "train")
-    view = algo.eval_view(senv, server, 0, 1)
-    got = algo.personal_weights(env, view, upd.state, RoundContext(1))
+    server = algo.aggregate(senv, {"weights": start()}, {0: upd.upload}, ServerContext(1, "train"))
+    view = algo.eval_view(senv, server, 0, ServerContext(1))
+    got = personal_weights(algo, env, view, upd.state, RoundContext(1))
     want_w, want_theta, _ = hand_round(2)
     for k in want_theta:
         assert torch.allclose(got[k].double(), want_theta[k], atol=1e-6), k
         assert torch.allclose(view["weights"][k].double(), want_w[k], atol=1e-6), k
     # the personalized model differs from w: the test tells them apart
     assert not torch.allclose(want_theta["head.weight"], want_w["head.weight"], atol=1e-3)
-    trained = algo.trained_weights(env, view, upd.upload, upd.state, RoundContext(1))
+    trained = personal_weights(algo, env, view, upd.state, RoundContext(1), upload=upd.upload)
     assert all(torch.equal(trained[k], got[k]) for k in got)
 
 
@@ -164,15 +165,15 @@ def test_scored_global_scores_the_global_model_as_pfllib_does():
     and under MAP's protocol the uploaded w, not theta."""
     algo, senv, env = pfedme(local_steps=2, scored="global")
     upd = algo.client_update(env, {"weights": start()}, {}, RoundContext(1))
-    server = algo.aggregate(senv, {"weights": start()}, {0: upd.upload}, 1, "train")
-    view = algo.eval_view(senv, server, 0, 1)
-    assert (
-        algo.personal_weights(env, view, upd.state, RoundContext(1)) is None
-    )  # None: view["weights"], w
+    server = algo.aggregate(senv, {"weights": start()}, {0: upd.upload}, ServerContext(1, "train"))
+    view = algo.eval_view(senv, server, 0, ServerContext(1))
+    assert same_weights(
+        personal_weights(algo, env, view, upd.state, RoundContext(1)), view["weights"]
+    )  # w
     want_w, want_theta, _ = hand_round(2)
     for k in want_w:
         assert torch.allclose(view["weights"][k].double(), want_w[k], atol=1e-6), k
-    trained = algo.trained_weights(env, view, upd.upload, upd.state, RoundContext(1))
+    trained = personal_weights(algo, env, view, upd.state, RoundContext(1), upload=upd.upload)
     for k in want_w:
         assert torch.allclose(trained[k].double(), want_w[k], atol=1e-6), k
     assert not torch.allclose(want_theta["head.weight"], want_w["head.weight"], atol=1e-3)
@@ -231,6 +232,6 @@ def test_pfedme_server_mixes_with_beta():
     }
     for u in ups.values():
         u["num_samples"] = 1
-    new = algo.aggregate(senv, {"weights": old}, ups, 1, "train")["weights"]
+    new = algo.aggregate(senv, {"weights": old}, ups, ServerContext(1, "train"))["weights"]
     # (1 - 2) * 1 + 2 * mean(3, 5) = 7;  (1 - 2) * 0 + 2 * mean(1, 3) = 4
     assert new["head.weight"].item() == 7.0 and new["head.bias"].item() == 4.0

@@ -15,7 +15,7 @@ from torch import nn
 
 from conftest import tiny_config
 from pflkit.algorithms import parse_params
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.pfedpm import (
     RelationClassifier,
     RelationModule,
@@ -128,7 +128,7 @@ def test_anchors_are_built_once_from_last_rounds_prototypes(runs):
     sim = runs["head"][0]  # after 3 rounds; one more client step by hand
     a, env = sim.algo, sim.envs[2]
     before = sim.clients[2]
-    payload = a.configure(sim.senv, sim.server, 2, 4, "train")
+    payload = a.configure(sim.senv, sim.server, 2, ServerContext(4, "train"))
     torch.manual_seed(0)
     upload, state, metrics = a.client_update(env, payload, before, RoundContext(4))
     prev = dict(zip(before["protos"]["classes"].tolist(), before["protos"]["protos"], strict=True))
@@ -196,7 +196,7 @@ def test_relation_inference_is_the_argmax_over_anchored_classes():
 def test_relation_scoring_model_uses_the_clients_relation_module_and_anchors(runs):
     sim = runs["relation"][0]
     a, env, state = sim.algo, sim.envs[0], sim.clients[0]
-    scorer = a.scoring_model(env, a.personal_weights(env, {}, state, RoundContext(1))).eval()
+    scorer = a.personal_model(env, {}, state, RoundContext(1)).eval()
     x = env.data.test_x
     with torch.no_grad():
         out = scorer(x)

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from conftest import tiny_config
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.pfedsim import (
     CODE_SELF_WEIGHT,
     aggregation_weights,
@@ -24,6 +24,7 @@ from pflkit.algorithms.pfedsim import (
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation
 from pflkit.experiment import validate
+from pflkit.testing import personal_weights
 
 A = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
 B = torch.tensor([[0.6, 0.8], [0.6, 0.8]])  # cos with A's rows: 0.6 and 0.8
@@ -100,17 +101,19 @@ def test_personalized_extractor_is_the_weighted_mix_of_stored_models(tiny):
     phi[0, 1] = phi[1, 0] = 1.2628643
     phi[0, 3] = phi[3, 0] = 0.5
     server["phi"] = phi
-    payload = algo.configure(senv, server, 0, 3, "train")["weights"]
+    payload = algo.configure(senv, server, 0, ServerContext(3, "train"))["weights"]
     # by hand: weights (1, 1.2628643, 0, 0.5) / 2.7628643 over stored values (1, 2, 3, 10)
     body = (1 * 1 + 1.2628643 * 2 + 0.5 * 10) / 2.7628643
     for k, v in payload.items():
         want = 1.0 if k.startswith("head.") else body  # own classifier, mixed extractor
         assert torch.allclose(v, torch.full_like(v, want)), k
     # client 2's row is still the identity row: its own stored model, unchanged
-    own = algo.configure(senv, server, 2, 3, "train")["weights"]
+    own = algo.configure(senv, server, 2, ServerContext(3, "train"))["weights"]
     assert all(torch.equal(v, server["personal"][2][k]) for k, v in own.items())
     # during the warm-up every client gets the global model
-    assert algo.configure(senv, server, 0, 2, "train")["weights"] is server["weights"]
+    assert (
+        algo.configure(senv, server, 0, ServerContext(2, "train"))["weights"] is server["weights"]
+    )
 
 
 def test_warmup_switch_and_similarity_updates(tiny):
@@ -120,7 +123,9 @@ def test_warmup_switch_and_similarity_updates(tiny):
     assert not sim.server["phi"].any()
     warm = sim.server["weights"]
     # round 3: first personalization round; Phi is still I, so every payload is the warm model
-    payloads = {c: sim.algo.configure(sim.senv, sim.server, c, 3, "train") for c in range(4)}
+    payloads = {
+        c: sim.algo.configure(sim.senv, sim.server, c, ServerContext(3, "train")) for c in range(4)
+    }
     for p in payloads.values():
         assert all(torch.equal(p["weights"][k], warm[k]) for k in warm)
     row3 = sim.run_round(3)
@@ -161,7 +166,7 @@ def test_bn_local_never_sends_running_statistics():
     stats = {k for k, _ in sim.senv.model().named_buffers()}
     assert stats  # running means, variances, counters
     for rnd in (1, 2):  # warm-up round, then personalization round
-        payload = sim.algo.configure(sim.senv, sim.server, 0, rnd, "train")
+        payload = sim.algo.configure(sim.senv, sim.server, 0, ServerContext(rnd, "train"))
         assert not stats & set(payload["weights"])
         row = sim.run_round(rnd)
         cid = row["clients"][0]
@@ -270,11 +275,13 @@ def test_warmup_averages_whole_models_by_training_set_size():
     server = algo.server_init(senv)
     a, b = filled(server, 1.0), filled(server, 5.0)
     uploads = {0: {"weights": a, "num_samples": 1}, 2: {"weights": b, "num_samples": 3}}
-    new = algo.aggregate(senv, server, uploads, 2, "train")  # round 2 <= T_g = 2
+    new = algo.aggregate(senv, server, uploads, ServerContext(2, "train"))  # round 2 <= T_g = 2
     for k, v in new["weights"].items():  # (1 * 1 + 3 * 5) / 4, the classifier included
         assert torch.equal(v, torch.full_like(v, 4.0)), k
     assert new["personal"] == {} and not new["phi"].any()
-    assert algo.global_weights(senv, new, 2) is new["weights"]  # scored during the warm-up
+    assert (
+        algo.eval_view(senv, new, None, ServerContext(2)).get("weights") is new["weights"]
+    )  # scored during the warm-up
 
 
 def hand_phi(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -303,7 +310,7 @@ def test_personalization_round_stores_models_and_updates_phi_by_hand():
         w = filled(server, float(cid))
         w["head.weight"] = head
         uploads[cid] = {"weights": w, "num_samples": 2}
-    new = algo.aggregate(senv, server, uploads, 3, "train")
+    new = algo.aggregate(senv, server, uploads, ServerContext(3, "train"))
     assert {c: new["personal"][c] for c in HEADS} == {c: u["weights"] for c, u in uploads.items()}
     phi = new["phi"]
     want = torch.zeros(4, 4, dtype=torch.float64)
@@ -326,7 +333,7 @@ def test_personalized_download_mixes_extractors_and_keeps_own_classifier():
     }
     server["phi"][0, 1] = server["phi"][1, 0] = 2.0
     server["phi"][0, 3] = server["phi"][3, 0] = 0.5
-    payload = algo.configure(senv, server, 0, 3, "train")["weights"]
+    payload = algo.configure(senv, server, 0, ServerContext(3, "train"))["weights"]
     # Eq. 4 with Phi_00 = 1: (1 * 1 + 2 * 2 + 0 * 3 + 0.5 * 10) / (1 + 2 + 0.5) = 10 / 3.5
     assert set(payload) == set(server["weights"])
     for k, v in payload.items():
@@ -335,11 +342,11 @@ def test_personalized_download_mixes_extractors_and_keeps_own_classifier():
     # the code's self weight: Phi_00 = -log(1 - 0.9999)
     algo_code, _, _ = hand_pfedsim(self_weight="code")
     s = -math.log(1e-4)
-    payload = algo_code.configure(senv, server, 0, 3, "train")["weights"]
+    payload = algo_code.configure(senv, server, 0, ServerContext(3, "train"))["weights"]
     v = payload["body.1.weight"]
     assert torch.allclose(v, torch.full_like(v, (s * 1 + 4 + 5) / (s + 2.5)))
     # during the warm-up, the global model
-    warm = algo.configure(senv, server, 0, 2, "train")["weights"]
+    warm = algo.configure(senv, server, 0, ServerContext(2, "train"))["weights"]
     assert all(torch.equal(warm[k], server["weights"][k]) for k in warm)
 
 
@@ -348,8 +355,12 @@ def test_the_model_scored_is_the_clients_stored_model():
     server = algo.server_init(senv)
     server = {**server, "weights": filled(server, 10.0), "personal": {1: filled(server, 2.0)}}
     for cid, want in ((1, 2.0), (2, 10.0)):  # client 2: not trained since the warm-up
-        view = algo.eval_view(senv, server, cid, 3)
-        scored = algo.personal_weights(envs[cid], view, {}, RoundContext(3, "evaluate"))
+        view = algo.eval_view(senv, server, cid, ServerContext(3))
+        scored = personal_weights(algo, envs[cid], view, {}, RoundContext(3, "evaluate"))
         assert all(torch.equal(v, torch.full_like(v, want)) for v in scored.values()), cid
-    assert algo.global_weights(senv, server, 2) is server["weights"]  # the warm-up's last round
-    assert algo.global_weights(senv, server, 3) is None  # no global model after the warm-up
+    assert (
+        algo.eval_view(senv, server, None, ServerContext(2)).get("weights") is server["weights"]
+    )  # the warm-up's last round
+    assert (
+        algo.eval_view(senv, server, None, ServerContext(3)).get("weights") is None
+    )  # no global model after the warm-up

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pflkit.algorithms.base import nbytes, parse_params, train_from
-from pflkit.algorithms.context import RoundContext
+from pflkit.algorithms.context import RoundContext, ServerContext
 from pflkit.algorithms.scaffold import (
     Scaffold,
     scaffold_local_steps,
@@ -21,6 +21,7 @@ from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     get_weights,
 )
+from pflkit.testing import personal_weights, same_weights
 from split_helpers import (
     PATHOLOGICAL,
     assert_close,
@@ -125,10 +126,12 @@ def test_scaffold_correction_moves_an_unused_row_by_exactly_k_lr_c_minus_ci(tiny
         assert torch.allclose(new_ci[k], expect, atol=1e-4)
     # ScaRS scores the global model by default, like FedRS; MAP's protocol and
     # personal="local" score the client's model after local training, y = x + delta y
-    assert algo.personal_weights(env, {}, update.state, RoundContext(1)) is None
+    assert same_weights(
+        personal_weights(algo, env, {"weights": x}, update.state, RoundContext(1)), x
+    )
     algo.params.personal = "local"
     update = algo.client_update(env, {"weights": x, "control": c}, state, RoundContext(1))
-    pw = algo.personal_weights(env, {}, update.state, RoundContext(1))
+    pw = personal_weights(algo, env, {}, update.state, RoundContext(1))
     assert all(torch.allclose(pw[k], x[k] + update.upload["delta_y"][k]) for k in x)
 
 
@@ -230,7 +233,7 @@ def test_scaffold_server_update(control_scale):
 def test_scaffold_aggregate_uses_its_parameters(tiny):
     sim = Simulation(tiny(algorithm={"name": "scaffold", "eta_g": 0.5, "control_scale": "code"}))
     server, ups = _fake_uploads()
-    got = sim.algo.aggregate(sim.senv, server, ups, 1, "train")
+    got = sim.algo.aggregate(sim.senv, server, ups, ServerContext(1, "train"))
     expect = scaffold_server_update(server, ups, 0.5, 4, control_scale="code")
     for part in ("weights", "control"):
         for k, v in expect[part].items():

@@ -9,6 +9,7 @@ import torch
 
 from distill_helpers import hetero_cfg, setup, soft
 from pflkit.algorithms.blocks.distill import cosine_matrix
+from pflkit.algorithms.context import ServerContext
 from pflkit.algorithms.simpfd import similarity_weights, topk_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -47,13 +48,17 @@ def test_simpfd_and_topkpfd_teachers_through_the_server_by_hand(digits_with_publ
     cos = np.array([[a @ b / np.linalg.norm(a) / np.linalg.norm(b) for b in flat] for a in flat])
     share = {c: {"soft": s[c], "num_samples": 10 * (c + 1)} for c in range(4)}
     algo, senv, _ = setup(hetero_cfg({"name": "simpfd"}), digits_with_public)
-    teachers = algo.aggregate(senv, algo.server_init(senv), share, 1, "share")["teachers"]
+    teachers = algo.aggregate(senv, algo.server_init(senv), share, ServerContext(1, "share"))[
+        "teachers"
+    ]
     w = cos / cos.sum(0)
     for n in range(4):
         expected = sum(float(w[m, n]) * s[m] for m in range(4))
         assert torch.allclose(teachers[n], expected, atol=1e-6)
     algo, senv, _ = setup(hetero_cfg({"name": "topkpfd", "k": 2}), digits_with_public)
-    teachers = algo.aggregate(senv, algo.server_init(senv), share, 1, "share")["teachers"]
+    teachers = algo.aggregate(senv, algo.server_init(senv), share, ServerContext(1, "share"))[
+        "teachers"
+    ]
     for n in range(4):
         nearest = max((m for m in range(4) if m != n), key=lambda m: cos[m, n])
         assert torch.allclose(teachers[n], (s[n] + s[nearest]) / 2, atol=1e-6)

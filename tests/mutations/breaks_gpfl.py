@@ -64,8 +64,8 @@ BREAKS = [
         "gpfl",
         "scored with the global input g instead of p",
         "algorithms/gpfl.py",
-        'out["cond.p"] = self._inputs(env, shared, state, model.feature_dim)[1]',
-        'out["cond.p"] = self._inputs(env, shared, state, model.feature_dim)[0]',
+        "p_i = self._inputs(env, shared, state, model.feature_dim)[1]",
+        "p_i = self._inputs(env, shared, state, model.feature_dim)[0]",
         GPFL,
     ),
     Break(

@@ -217,10 +217,8 @@ BREAKS = [
         "l2gd",
         "personalized model is x_bar",
         "algorithms/l2gd.py",
-        "    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):\n"
-        '        return state["weights"]',
-        "    def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):\n"
-        "        return None",
+        '    ) -> nn.Module:\n        return load_model(env, state["weights"])',
+        "    ) -> nn.Module:\n        return super().personal_model(env, view, state, ctx, upload)",
         (LG + "test_scored_model_is_the_private_x_i",),
     ),
     # -- MOON --------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ lives with the client; per-client *server* state lives in the server dict.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple
 
@@ -294,8 +295,40 @@ def nbytes(obj: Any) -> int:
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 
 
+# contract v3's hooks and what replaced them in v4 (issue 55)
+RENAMED_HOOKS = {
+    "global_weights": "eval_view(env, server, None, ctx)",
+    "personal_weights": "personal_model(env, view, state, ctx, upload=None)",
+    "trained_weights": "personal_model(env, view, state, ctx, upload)",
+    "scoring_model": "personal_model(env, view, state, ctx, upload=None)",
+}
+SERVER_HOOKS = ("configure", "aggregate", "eval_view")
+
+
+def check_contract(cls: type[Algorithm]) -> None:
+    """Refuse, in one sentence, a class written against contract v3: a removed evaluation hook,
+    or a server hook that still takes ``(rnd, phase)`` instead of the ServerContext."""
+    for old, new in RENAMED_HOOKS.items():
+        if old in vars(cls):
+            raise PflkitError(
+                f"algorithm '{cls.name}' defines {old}, which contract v4 replaced: define "
+                f"{new} instead (docs/guide.md, 'The contract on one screen')"
+            )
+    for hook in SERVER_HOOKS:
+        fn = vars(cls).get(hook)
+        params = list(inspect.signature(fn).parameters) if callable(fn) else []
+        if "rnd" in params or "phase" in params:
+            raise PflkitError(
+                f"algorithm '{cls.name}' defines {hook} with (rnd, phase): since contract v4 "
+                f"server hooks take one ServerContext ctx (ctx.round, ctx.phase) instead "
+                "(docs/guide.md, 'The contract on one screen')"
+            )
+
+
 def register(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator: register an algorithm under its ``name`` (:meth:`Registry.add`)."""
+    """Class decorator: register an algorithm under its ``name`` (:meth:`Registry.add`), after
+    :func:`check_contract`."""
+    check_contract(cls)
     return ALGORITHMS.add(cls)
 
 

@@ -182,9 +182,12 @@ class GPFLNet(nn.Module):
     ``gamma``, ``beta`` (computed once from p_i by :meth:`GPFL.personal_model`, which scores
     the plain model instead for the no-CoV ablation)."""
 
-    def __init__(self, model: PFLModel, gamma: Tensor, beta: Tensor):
+    def __init__(self, model: PFLModel, gamma: Tensor, beta: Tensor, cond: Tensor | None = None):
         super().__init__()
         self.model, self.gamma, self.beta = model, gamma, beta
+        self.cond = cond
+        """The conditional input p_i that gamma and beta were computed from (a field, for
+        inspection; None where it was not given)."""
 
     def route(self, x: Tensor) -> Tensor:
         """The personalized route f^P = CoV(phi(x), p_i) (Sec. 3.2), what the head classifies."""
@@ -353,7 +356,7 @@ class GPFL(Algorithm):
             return model
         p_i = self._inputs(env, shared, state, model.feature_dim)[1]
         gamma, beta = cov_params(shared, p_i)
-        return GPFLNet(model, gamma, beta)
+        return GPFLNet(model, gamma, beta, p_i)
 
     def features(self, model: nn.Module, x: Tensor) -> Tensor:
         """The personalized route f^P = CoV(phi(x), p_i) that psi_i classifies (GPFL Fig. 2's

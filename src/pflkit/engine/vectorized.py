@@ -27,9 +27,8 @@ clipping in between. BatchNorm running statistics are buffers of each client's o
 Numbers equal the per-client path's within float tolerance, not bit for bit: the batched
 kernels sum in another order.
 
-Evaluation (:func:`evaluate_cohort`): the clients whose scoring model is the client model with
-the weights ``personal_weights`` gives (the default ``scoring_model``, no
-``eval.finetune_epochs``, not held out) are scored by one ``vmap`` of the model's forward over
+Evaluation (:func:`evaluate_cohort`): the clients whose ``personal_model`` is a plain client
+model (no scoring wrapper, no ``eval.finetune_epochs``, not held out) are scored by one ``vmap`` of the model's forward over
 their stacked weights, chunk by chunk of ``eval.batch_size`` samples (a client with fewer samples
 is padded, the padding not counted); the others as in the per-client path.
 """
