@@ -109,8 +109,8 @@ BREAKS = [
         "fedavg_ft",
         "scores the global model before fine-tuning",
         "algorithms/fedavg_ft.py",
-        "        return weights",
-        '        return view["weights"]',
+        "        return load_model(env, weights)",
+        '        return load_model(env, view["weights"])',
         FEDAVG_FT,
     ),
     Break(
@@ -232,8 +232,8 @@ BREAKS = [
         "scars",
         "personal=local scores the global model",
         "algorithms/scaffold.py",
-        'return state.get("weights") if self.params.personal == "local" else None',
-        "return None",
+        'if self.params.personal == "local" and state.get("weights") is not None:',
+        "if False:",
         SCARS,
     ),
     # -- Ditto -------------------------------------------------------------------------------------
@@ -281,8 +281,8 @@ BREAKS = [
         "ditto",
         "scores the global model",
         "algorithms/ditto.py",
-        '        return state.get("personal")',
-        "        return None",
+        '        return load_model(env, state["personal"])',
+        "        return super().personal_model(env, view, state, ctx, upload)",
         DITTO,
     ),
     # -- DittoRS -----------------------------------------------------------------------------------

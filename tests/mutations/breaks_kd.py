@@ -310,9 +310,10 @@ BREAKS = [
         "pfeddf",
         "scores the prototype before fine-tuning",
         "algorithms/feddf.py",
-        '        weights, _ = train_from(env, view["proto"], ctx, epochs=epochs)\n        return weights',
         '        weights, _ = train_from(env, view["proto"], ctx, epochs=epochs)\n'
-        '        return view["proto"]',
+        "        return load_model(env, weights)",
+        '        weights, _ = train_from(env, view["proto"], ctx, epochs=epochs)\n'
+        '        return load_model(env, view["proto"])',
         PFEDDF,
     ),
     Break(

@@ -83,9 +83,9 @@ BREAKS = [
     Break(
         "map",
         "protocol scores the upload",
-        "algorithms/base.py",
-        '        return personal if personal is not None else upload["weights"]',
-        '        return upload["weights"]',
+        "algorithms/map.py",
+        '        if state.get("hpm") is None:',
+        '        if state.get("hpm") is None or upload is not None:',
         MAP,
     ),
     Break(

@@ -114,8 +114,8 @@ BREAKS = [
         "pfedsim",
         "scores the warm-up model, not the stored one",
         "algorithms/pfedsim.py",
-        '        return {"weights": self.stored(server, cid)}',
-        '        return {"weights": server["weights"]}',
+        '            return {"weights": self.stored(server, cid)}',
+        '            return {"weights": server["weights"]}',
         PFEDSIM,
     ),
     # -- FedBN ---------------------------------------------------------------------------------------
@@ -155,8 +155,8 @@ BREAKS = [
         "fedbn",
         "personalized model scored with the initial BN layers",
         "algorithms/fedbn.py",
-        'return merged(env.model(), view["weights"], state["bn"])',
-        'return merged(env.model(), view["weights"], self.client_init(env)["bn"])',
+        'return load_model(env, merged(env.model(), view["weights"], state["bn"]))',
+        'return load_model(env, merged(env.model(), view["weights"], self.client_init(env)["bn"]))',
         FEDBN,
     ),
     # -- FedFomo -------------------------------------------------------------------------------------
@@ -236,8 +236,8 @@ BREAKS = [
         "fedfomo",
         "scores the initial model, not the client's own",
         "algorithms/fedfomo.py",
-        '        return state.get("weights")',
-        "        return None",
+        '        return load_model(env, state["weights"])',
+        "        return super().personal_model(env, view, state, ctx, upload)",
         FEDFOMO,
     ),
     # -- f-FedAP -------------------------------------------------------------------------------------
@@ -293,8 +293,8 @@ BREAKS = [
         "fedap",
         "scores the warm-up model, not the stored one",
         "algorithms/fedap.py",
-        '        return {"weights": self.stored(server, cid)}',
-        '        return {"weights": server["weights"]}',
+        '        return {} if cid is None else {"weights": self.stored(server, cid)}',
+        '        return {} if cid is None else {"weights": server["weights"]}',
         FEDAP,
     ),
     # -- FedGen --------------------------------------------------------------------------------------
