@@ -27,6 +27,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from pflkit.algorithms.context import RoundContext
+from pflkit.config import SampleDPConfig, SystemConfig, TrainConfig
+from pflkit.data.federated import ClientData
+from pflkit.models import PFLModel, build_model
 from pflkit.primitives.training import (
     Weights,
     clip_grad,
@@ -35,10 +39,6 @@ from pflkit.primitives.training import (
     local_sgd,
     steps_per_epoch,
 )
-from pflkit.algorithms.context import RoundContext
-from pflkit.config import SampleDPConfig, SystemConfig, TrainConfig
-from pflkit.data.federated import ClientData
-from pflkit.models import PFLModel, build_model
 
 
 class ModelPool:

@@ -26,8 +26,9 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.primitives.training import LossFn, cross_entropy
 from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.records import Empty, WeightsPayload, WeightsServer, WeightsUpload
+from pflkit.primitives.training import LossFn, cross_entropy
 
 
 @register
@@ -38,15 +39,23 @@ class FedAvg(Algorithm):
     secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     vectorize = True  # engine.vectorize covers its local work
     description = "FedAvg (McMahan et al. 2017): local SGD, sample-weighted model averaging"
+    payload = WeightsPayload
+    upload = WeightsUpload
+    state = Empty
+    server = WeightsServer
 
     class Params(Algorithm.Params):
         weighting: Weighting = param("samples", "paper (Alg. 1: n_k / n)")
+
+    params: Params
 
     def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
         """The loss of the local steps (FedProx: + proximal term; FedRS: restricted softmax)."""
         return cross_entropy
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: Empty, ctx: RoundContext
+    ) -> Update:
         loss_fn = self.local_objective(env, payload)
         weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn)
         upload = {"weights": weights, "num_samples": env.num_train}

@@ -26,6 +26,8 @@ class FedAvgFT(FedAvg):
         ft_epochs: int = param(1, "pflkit (one epoch of fine-tuning)", gt=0)
         ft_lr: float | None = param(None, "pflkit (None: train.lr)", gt=0)
 
+    params: Params
+
     def personal_weights(self, env: ClientEnv, view: Payload, state: State, ctx: RoundContext):
         lr = self.params.ft_lr or env.run.train.lr
         weights, _ = train_from(env, view["weights"], ctx, epochs=self.params.ft_epochs, lr=lr)

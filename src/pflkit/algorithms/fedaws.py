@@ -71,10 +71,10 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.primitives.training import LossFn, Weights, cross_entropy
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import LossFn, Weights, cross_entropy
 
 SpreadoutForm = Literal["paper", "code"]
 PAPER_LR_MULTIPLIER = 10.0  # lambda of Algorithm 1's server step lambda * eta
@@ -164,6 +164,8 @@ class FedAwS(FedAvg):
             "ce", "MAP paper and code (CE); positive: FedAwS paper's positive-only loss"
         )
         positive_margin: float = param(0.9, "paper (positive threshold)", gt=0, le=1)
+
+    params: Params
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")

@@ -51,9 +51,9 @@ from torch import nn
 from pflkit.algorithms.base import Payload, param, register
 from pflkit.algorithms.blocks.hpm import mmd_loss
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.primitives.training import LossFn, cross_entropy, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.primitives.training import LossFn, cross_entropy, set_weights
 
 GLOBAL_SLOT = "fedmmd_global"
 
@@ -82,6 +82,8 @@ class FedMMD(FedAvg):
         lam: float = param(0.01, "MAP code grid {1e-3, 1e-2, 1e-1} (middle)", ge=0)
         kernels: int = param(5, "MAP code (mmd_rbf_noaccelerate)", ge=1)
         kernel_mul: float = param(2.0, "MAP code (mmd_rbf_noaccelerate)", gt=0)
+
+    params: Params
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")

@@ -66,7 +66,7 @@ Options and deviations:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 
@@ -81,6 +81,10 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.split import require_homogeneous
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload, WeightsServer
+from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     Weights,
     get_weights,
@@ -88,9 +92,28 @@ from pflkit.primitives.training import (
     set_weights,
     steps_per_epoch,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.algorithms.fedavg import FedAvg
-from pflkit.errors import PflkitError
+
+
+class FedNovaUpload(Upload):
+    """The normalised update d_i, its norm a_i, the buffers, and the steps (code variant)."""
+
+    d: Weights
+    a: float
+    buffers: Weights
+    steps: NotRequired[int]
+
+
+class FedNovaState(TypedDict):
+    """The trained model, kept for MAP's protocol (``eval.selected_clients``) only."""
+
+    weights: NotRequired[Weights]
+
+
+class FedNovaServer(WeightsServer):
+    """The global model, and the server momentum when ``gmf`` > 0."""
+
+    momentum: NotRequired[Weights]
+
 
 Variant = Literal["paper", "code"]
 
@@ -158,6 +181,9 @@ class FedNova(FedAvg):
         "FedNova (Wang et al. 2020): local updates normalised by their step counts, "
         "rescaled by the effective number of steps"
     )
+    upload = FedNovaUpload
+    state = FedNovaState
+    server = FedNovaServer
 
     class Params(FedAvg.Params):  # weighting: samples (paper p_i); uniform (MAP code)
         gmf: float = param(
@@ -165,6 +191,8 @@ class FedNova(FedAvg):
         )
         prox_mu: float = param(0.0, "paper (plain SGD); MAP code grid {1e-4, 1e-3, 1e-2}", ge=0)
         variant: Variant = param("paper", "paper; code: the FedNova/MAP code's prox handling")
+
+    params: Params
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
@@ -175,7 +203,7 @@ class FedNova(FedAvg):
                 f"{opt!r}: set train.optimizer: sgd"
             )
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> FedNovaServer:
         weights = env.init_weights()
         server: State = {"weights": weights}
         if self.params.gmf > 0:
@@ -190,7 +218,9 @@ class FedNova(FedAvg):
         per_epoch = steps_per_epoch(env.num_train, t.batch_size, ctx.drop_last)
         return ctx.work_steps(t.local_epochs * per_epoch)
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: FedNovaState, ctx: RoundContext
+    ) -> Update:
         p, t = self.params, env.run.train
         x = payload["weights"]
         model = env.model()

@@ -53,15 +53,24 @@ beta2 0.999; not in its grid) is not reproduced.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NotRequired
 
 import torch
 
 from pflkit.algorithms.base import State, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.primitives.training import Weights
 from pflkit.algorithms.env import ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsServer
+from pflkit.primitives.training import Weights
+
+
+class FedOptServer(WeightsServer):
+    """The global model and the server optimiser's state: m, and v for the adaptive ones."""
+
+    m: Weights
+    v: NotRequired[Weights]
+
 
 ServerOpt = Literal["sgdm", "adagrad", "adam", "yogi"]
 
@@ -125,6 +134,7 @@ class FedOpt(FedAvg):
         "FedOpt (Reddi et al. 2021): FedAvg clients, a server optimiser (SGD with momentum = "
         "FedAvgM, Adagrad, Adam, Yogi) on the averaged update"
     )
+    server = FedOptServer
 
     class Params(FedAvg.Params):
         server_opt: ServerOpt = param(
@@ -141,6 +151,8 @@ class FedOpt(FedAvg):
         tau: float = param(1e-3, "paper (adaptivity)", gt=0)
         v_init: float | None = param(None, "paper Alg. 2 (None: tau^2)", ge=0)
 
+    params: Params
+
     @property
     def server_lr(self) -> float:
         p = self.params
@@ -149,7 +161,7 @@ class FedOpt(FedAvg):
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> FedOptServer:
         p = self.params
         weights = env.init_weights()
         keys = [k for k, _ in env.model().named_parameters()]

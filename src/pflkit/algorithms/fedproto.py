@@ -68,7 +68,7 @@ short batch is used).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +85,10 @@ from pflkit.algorithms.base import (
     register,
 )
 from pflkit.algorithms.blocks.split import common_init
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import Empty
+from pflkit.errors import PflkitError
+from pflkit.models import PFLModel
 from pflkit.primitives.training import (
     LossFn,
     Weights,
@@ -93,9 +97,27 @@ from pflkit.primitives.training import (
     steps_per_epoch,
     unprefixed,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.errors import PflkitError
-from pflkit.models import PFLModel
+
+
+class Prototypes(TypedDict):
+    """Class prototypes: the classes that have one (int64 [K]) and their prototypes [K, d]."""
+
+    classes: Tensor
+    protos: Tensor
+
+
+class FedProtoUpload(Prototypes):
+    """The client's prototypes, and their sample counts (``proto_agg: weighted``)."""
+
+    counts: NotRequired[Tensor]
+
+
+class FedProtoState(TypedDict):
+    """The client's model, and its last uploaded prototypes."""
+
+    weights: Weights
+    protos: NotRequired[Prototypes]
+
 
 Reg = Literal["class_mean_l2", "sample_mse"]
 ProtoSet = dict[str, Tensor]  # {"classes": int64 [K], "protos": float [K, d]}
@@ -306,6 +328,10 @@ class FedProto(Algorithm):
         "FedProto (Tan et al. 2022): clients share class prototypes only (any architecture "
         "with one feature size); local CE + lam * distance to the global prototypes"
     )
+    payload = Empty | Prototypes
+    upload = FedProtoUpload
+    state = FedProtoState
+    server = Empty | Prototypes
 
     class Params(Algorithm.Params):
         lam: float = param(1.0, "FedProto paper (1 on MNIST and FEMNIST, set for sample_mse)", ge=0)
@@ -325,14 +351,16 @@ class FedProto(Algorithm):
             False, "pFedPM (all classes with a prototype); true: FedProto code's proto accuracy"
         )
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         require_same_feature_dim(env, self.name)
 
     # -- state ----------------------------------------------------------------------------------
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> Empty | Prototypes:
         return {}  # no global prototype yet
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> FedProtoState:
         return {"weights": common_init(env)}
 
     # -- one round ------------------------------------------------------------------------------
@@ -373,7 +401,9 @@ class FedProto(Algorithm):
         counts = torch.bincount(data.train_y, minlength=env.num_classes)[classes]
         return classes, protos, counts
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: Empty | Prototypes, state: FedProtoState, ctx: RoundContext
+    ) -> Update:
         p, t = self.params, env.run.train
         model = env.model()
         set_weights(model, state["weights"])

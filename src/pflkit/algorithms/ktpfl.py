@@ -83,7 +83,7 @@ same way. Clients are scored with their model after local training.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +101,8 @@ from pflkit.algorithms.base import (
     register,
 )
 from pflkit.algorithms.blocks.distill import (
+    KDServer,
+    ShareUpload,
     SoftTeacherKD,
     project_simplex,
     public_indices,
@@ -110,9 +112,51 @@ from pflkit.algorithms.blocks.distill import (
     soft_predictions,
 )
 from pflkit.algorithms.blocks.split import require_homogeneous
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import Empty, WeightsUpload
 from pflkit.primitives.training import Weights, get_weights, set_weights
 from pflkit.primitives.tree import weighted_sum
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+
+
+class KTpFLReupload(TypedDict):
+    """Phase ``distill`` with ``coef_timing: after_distill_reupload``: soft predictions again."""
+
+    soft: Tensor
+
+
+class KTpFLServer(KDServer):
+    """SoftTeacherKD's server state and the self mass of c after each of its updates."""
+
+    c_self_mass: list[float]
+
+
+class KTpFLHomoPayload(TypedDict):
+    """The client's personalised mix (or w^0), and the round's public subset."""
+
+    weights: Weights
+    public_idx: NotRequired[Tensor]
+
+
+class KTpFLHomoUpload(WeightsUpload):
+    """The trained model and its soft predictions on the public subset."""
+
+    soft: Tensor
+
+
+class KTpFLHomoState(TypedDict):
+    """The client's model after its last local training."""
+
+    weights: NotRequired[Weights]
+
+
+class KTpFLHomoServer(TypedDict):
+    """c, w^0, each client's personalised mix and the self mass of c after each update."""
+
+    c: Tensor
+    weights: Weights
+    personal: dict[int, Weights]
+    c_self_mass: list[float]
+
 
 EPS = 1e-12
 
@@ -254,6 +298,8 @@ class KTpFL(SoftTeacherKD):
         "coefficient matrix c mixes them into per-client teachers; heterogeneous models"
     )
     default_order = "train_then_distill"
+    upload = ShareUpload | KTpFLReupload | Empty
+    server = KTpFLServer
 
     class Params(SoftTeacherKD.Params, CoefParams):
         temperature: float = param(
@@ -263,7 +309,9 @@ class KTpFL(SoftTeacherKD):
             "after_distill_reuse_uploads", "after_distill_reupload", "before_mix"
         ] = param("after_distill_reuse_uploads", "paper (Alg. 1); before_mix: authors' code")
 
-    def server_init(self, env: ServerEnv) -> State:
+    params: Params
+
+    def server_init(self, env: ServerEnv) -> KTpFLServer:
         c = initial_c(env.num_clients, self.params, env.device)
         return {**super().server_init(env), "c": c, "c_self_mass": []}
 
@@ -314,6 +362,10 @@ class KTpFLHomo(Algorithm):
         "KT-pFL, homogeneous variant (Table 2): the learned matrix c mixes client parameters "
         "into one personalised model per client (inferred design: App. C is missing)"
     )
+    payload = KTpFLHomoPayload
+    upload = KTpFLHomoUpload
+    state = KTpFLHomoState
+    server = KTpFLHomoServer
 
     class Params(Algorithm.Params, CoefParams):
         temperature: float = param(
@@ -321,11 +373,13 @@ class KTpFLHomo(Algorithm):
         )
         public_per_round: int | None = param(None, "paper (None: the whole public set)", gt=0)
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         require_public(env, self.name, self.params.public_per_round)
         require_homogeneous(env, self.name, "averages parameters", instead="ktpfl")
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> KTpFLHomoServer:
         n = env.num_clients
         return {
             "c": initial_c(n, self.params, env.device),
@@ -341,7 +395,9 @@ class KTpFLHomo(Algorithm):
             payload["public_idx"] = idx
         return payload
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: KTpFLHomoPayload, state: KTpFLHomoState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         set_weights(model, payload["weights"])
         loss = env.train(model, ctx)

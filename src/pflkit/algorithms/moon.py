@@ -61,7 +61,7 @@ Deviations and choices:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -69,9 +69,33 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register, train_from
 from pflkit.algorithms.blocks.split import require_homogeneous
-from pflkit.primitives.training import LossFn, Weights, set_weights
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsServer
+from pflkit.primitives.training import LossFn, Weights, set_weights
+
+
+class MOONPayload(TypedDict):
+    """The global model, and w^0 as the previous model of a client's first round
+    (``first_prev: initial``)."""
+
+    weights: Weights
+    init: NotRequired[Weights]
+
+
+class MOONState(TypedDict):
+    """The client's previous local model (from its first round on)."""
+
+    prev: NotRequired[Weights]
+
+
+class MOONServer(WeightsServer):
+    """The global model, and w^0 and the clients that have uploaded (``first_prev:
+    initial``)."""
+
+    init: NotRequired[Weights]
+    uploaded: NotRequired[list[int]]
+
 
 GLOBAL_SLOT = "moon_global"
 PREV_SLOT = "moon_prev"
@@ -115,6 +139,9 @@ class MOON(FedAvg):
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     description = "MOON (Li et al. 2021): FedAvg + model-contrastive loss (global vs previous)"
+    payload = MOONPayload
+    state = MOONState
+    server = MOONServer
 
     class Params(FedAvg.Params):
         mu: float = param(1.0, "paper (1 for CIFAR-100/Tiny-ImageNet, 5 for CIFAR-10)", ge=0)
@@ -122,6 +149,8 @@ class MOON(FedAvg):
         first_prev: Literal["none", "initial"] = param(
             "none", "official code (round 1: l_con = 0); initial: PFLlib clientmoon.py line 17"
         )
+
+    params: Params
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
@@ -136,7 +165,7 @@ class MOON(FedAvg):
             set_weights(prev_model, prev)
         return moon_loss(global_model, prev_model, p.mu, p.tau)
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> MOONServer:
         server = super().server_init(env)
         if self.params.first_prev == "initial":  # the initial model, and who has uploaded since
             server["init"] = {k: v.clone() for k, v in server["weights"].items()}
@@ -155,7 +184,9 @@ class MOON(FedAvg):
             new["uploaded"] = sorted(set(server["uploaded"]) | set(uploads))
         return new
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: MOONPayload, state: MOONState, ctx: RoundContext
+    ) -> Update:
         prev = state.get("prev")
         if prev is None:
             prev = payload.get("init")  # first_prev: initial

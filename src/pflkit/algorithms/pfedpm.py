@@ -79,24 +79,19 @@ every sample. Partial participation as in FedProto.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NotRequired
 
 import torch
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import Payload, RoundContext, State, param, register
 from pflkit.algorithms.blocks.split import common_seed
-from pflkit.primitives.training import (
-    LossFn,
-    Weights,
-    make_optimizer,
-    set_weights,
-    unprefixed,
-)
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedproto import (
     FedProto,
+    FedProtoState,
     ProtoSet,
+    Prototypes,
     class_mask,
     model_weights,
     proto_table,
@@ -105,6 +100,21 @@ from pflkit.algorithms.fedproto import (
 )
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
+from pflkit.primitives.training import (
+    LossFn,
+    Weights,
+    make_optimizer,
+    set_weights,
+    unprefixed,
+)
+
+
+class PFedPMState(FedProtoState):
+    """FedProto's state, the relation module, and last round's anchors."""
+
+    relation: Weights
+    anchors: NotRequired[Prototypes]
+
 
 REL_PREFIX = "rel."
 ANCHOR_PREFIX = "anchor."
@@ -243,6 +253,7 @@ class PFedPM(FedProto):
         "pFedPM (Xing et al. 2024): FedProto with mixed local/global anchors (a) and a private "
         "relation-module head; R-pFedPM = inference: relation"
     )
+    state = PFedPMState
 
     class Params(FedProto.Params):
         a: float = param(
@@ -260,6 +271,8 @@ class PFedPM(FedProto):
             "head", "paper Table I (first head); relation: Table II (R-pFedPM)"
         )
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         d = require_same_feature_dim(env, self.name)
         if self.params.relation == "conv" and d < 2:
@@ -271,7 +284,7 @@ class PFedPM(FedProto):
     def _relation(self, env: ClientEnv, d: int) -> RelationModule:
         return build_relation(self.params.relation, d, self.params.relation_hidden, env.device)
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> PFedPMState:
         state = super().client_init(env)
         d = env.model().feature_dim
         with torch.random.fork_rng(devices=[]):

@@ -69,7 +69,7 @@ Deviations and options:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, NotRequired, TypedDict
 
 import torch
 
@@ -86,6 +86,7 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.primitives.training import (
     LossFn,
     Weights,
@@ -95,7 +96,36 @@ from pflkit.primitives.training import (
     shift_grad,
     steps_per_epoch,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+
+
+class ScaffoldPayload(TypedDict):
+    """The global model x and the server control variate c."""
+
+    weights: Weights
+    control: Weights
+
+
+class ScaffoldUpload(Upload):
+    """Delta y (parameters and buffers) and Delta c (parameters)."""
+
+    delta_y: Weights
+    delta_c: Weights
+
+
+class ScaffoldState(TypedDict):
+    """The client control variate c_i, and its last local model y (``personal: local`` or
+    MAP's protocol)."""
+
+    control: NotRequired[Weights]
+    weights: NotRequired[Weights]
+
+
+class ScaffoldServer(TypedDict):
+    """x and c."""
+
+    weights: Weights
+    control: Weights
+
 
 ControlScale = Literal["paper", "code"]
 
@@ -278,12 +308,18 @@ class Scaffold(Algorithm):
     release = {"delta_y": None, "delta_c": None}  # both are updates, clipped together
     secagg = ("uniform",)  # its aggregate needs the plain sum, the mean only when uniform
     description = "SCAFFOLD (Karimireddy et al. 2020): control variates correct client drift"
+    payload = ScaffoldPayload
+    upload = ScaffoldUpload
+    state = ScaffoldState
+    server = ScaffoldServer
 
     class Params(ScaffoldServerParams):
         weighting: Weighting = param("uniform", "paper (of the model deltas)")
         personal: Literal["global", "local"] = param("global", "pflkit (the global model)")
 
-    def server_init(self, env: ServerEnv) -> State:
+    params: Params
+
+    def server_init(self, env: ServerEnv) -> ScaffoldServer:
         return scaffold_server_init(env)
 
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
@@ -293,7 +329,9 @@ class Scaffold(Algorithm):
         """The task loss of the local steps (ScaRS: restricted softmax)."""
         return cross_entropy
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: ScaffoldPayload, state: ScaffoldState, ctx: RoundContext
+    ) -> Update:
         step, upload = scaffold_client_step(
             env,
             payload,
@@ -327,3 +365,5 @@ class ScaRS(RestrictedSoftmax, Scaffold):
 
     class Params(Scaffold.Params, RSParams):  # alpha (0.9), rs_mode ("hard"), min_samples (1)
         pass
+
+    params: Params

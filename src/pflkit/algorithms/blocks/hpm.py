@@ -37,7 +37,7 @@ training data after every update (§8.7).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +45,16 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import RoundContext, State, param
-from pflkit.primitives.training import LossFn, Weights, get_weights, set_weights
 from pflkit.algorithms.env import ClientEnv
+from pflkit.primitives.training import LossFn, Weights, get_weights, set_weights
+
+
+class HPMState(TypedDict):
+    """The client's historical personalized model and its selection count (from its first
+    round on)."""
+
+    hpm: NotRequired[Weights]
+    selected: NotRequired[int]
 
 
 class HPMParams(BaseModel):

@@ -35,8 +35,8 @@ from pydantic import BaseModel
 from torch import Tensor
 
 from pflkit.algorithms.base import param
-from pflkit.primitives.training import LossFn
 from pflkit.algorithms.env import ClientEnv
+from pflkit.primitives.training import LossFn
 
 RSMode = Literal["hard", "soft", "complete"]
 
