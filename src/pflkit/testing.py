@@ -203,6 +203,10 @@ def check_record(value: Any, record: Any, where: str) -> None:
 
 
 def _name(tp: Any) -> str:
+    if _is_union(tp):
+        return " | ".join(_name(m) for m in typing.get_args(tp))
+    if tp is type(None):
+        return "None"
     return getattr(tp, "__name__", None) or repr(tp).replace("typing.", "")
 
 
