@@ -183,7 +183,7 @@ class FedAP(FedBN):
         trees = [self.stored(server, j) for j in row]
         return {"weights": weighted_sum(trees, list(row.values()), own)}
 
-    def client_update(
+    def client_update(  # type: ignore[override]  # its payload has keys FedAvg's lacks
         self, env: ClientEnv, payload: FedAPPayload, state: FedBNState, ctx: RoundContext
     ) -> Update:
         model = env.model()

@@ -22,7 +22,7 @@ Deviations: none.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 from pflkit.algorithms.base import (
     Payload,
@@ -54,7 +54,7 @@ class FedBN(FedAvg):
     vectorize = True  # engine.vectorize covers its local work
     private = ("bn",)  # the BatchNorm layers: the upload carries the rest
     description = "FedBN (Li et al. 2021): FedAvg on everything but BatchNorm layers, kept local"
-    state = FedBNState
+    state: ClassVar[object] = FedBNState
 
     class Params(FedAvg.Params):
         weighting: Weighting = param("samples", "paper (Alg. 1 with n_k weights; uniform: Eq.)")

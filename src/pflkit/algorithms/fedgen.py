@@ -66,7 +66,6 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import (
     Algorithm,
-    Payload,
     RoundContext,
     State,
     Update,
@@ -78,7 +77,7 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.records import Empty, WeightsUpload
-from pflkit.primitives.training import Weights, cross_entropy, get_weights, unprefixed
+from pflkit.primitives.training import LossFn, Weights, cross_entropy, get_weights, unprefixed
 
 
 class FedGenPayload(TypedDict):
@@ -211,7 +210,7 @@ class FedGen(Algorithm):
             return {"weights": server["weights"]}
         return {"weights": server["weights"], "gen": server["gen"], "labels": server["labels"]}
 
-    def local_loss(self, env: ClientEnv, payload: Payload, rnd: int):
+    def local_loss(self, env: ClientEnv, payload: FedGenPayload, rnd: int) -> LossFn:
         p = self.params
         gen = self.generator(env, payload["gen"]).train(p.client_gen_mode == "train")
         labels = payload["labels"]

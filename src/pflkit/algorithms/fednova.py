@@ -66,7 +66,7 @@ Options and deviations:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 
@@ -140,7 +140,7 @@ def nova_norm(steps: int, momentum: float = 0.0, eta_mu: float = 0.0, variant: V
 
 def nova_server_step(
     x: Weights,
-    uploads: Mapping[int, Upload],
+    uploads: Mapping[int, FedNovaUpload],
     *,
     uniform: bool,
     gmf: float = 0.0,
@@ -151,7 +151,7 @@ def nova_server_step(
     [, "steps"]}``: tau_eff = sum_i p_i a_i (or sum_i p_i tau_i for ``tau_eff_from="steps"``),
     Delta = tau_eff sum_i p_i d_i, then x - Delta, or x - M with M = gmf M + Delta. Returns
     (new x, new M or None)."""
-    ups = list(uploads.values())
+    ups: list[Mapping[str, Any]] = list(uploads.values())  # read by the key ``key``
     w = [1.0 if uniform else float(u["num_samples"]) for u in ups]
     total = sum(w)
     p = [wi / total for wi in w]
@@ -205,7 +205,7 @@ class FedNova(FedAvg):
 
     def server_init(self, env: ServerEnv) -> FedNovaServer:
         weights = env.init_weights()
-        server: State = {"weights": weights}
+        server: FedNovaServer = {"weights": weights}
         if self.params.gmf > 0:
             server["momentum"] = {
                 k: torch.zeros_like(weights[k]) for k, _ in env.model().named_parameters()
@@ -236,7 +236,7 @@ class FedNova(FedAvg):
         a = nova_norm(steps, t.momentum, eta * p.prox_mu, p.variant)
         params = dict(model.named_parameters())
         d = {k: (x[k] - trained[k]) / a if a else torch.zeros_like(x[k]) for k in params}
-        upload: Upload = {
+        upload: FedNovaUpload = {
             "d": d,
             "a": a,
             "buffers": {k: v for k, v in trained.items() if k not in params},

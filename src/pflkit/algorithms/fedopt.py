@@ -52,8 +52,8 @@ beta2 0.999; not in its grid) is not reproduced.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal, NotRequired
+from collections.abc import Iterable, Mapping
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 
@@ -65,11 +65,15 @@ from pflkit.algorithms.records import WeightsServer
 from pflkit.primitives.training import Weights
 
 
-class FedOptServer(WeightsServer):
-    """The global model and the server optimiser's state: m, and v for the adaptive ones."""
+class FedOptMoments(TypedDict):
+    """The server optimiser's state: m, and v for the adaptive ones."""
 
     m: Weights
     v: NotRequired[Weights]
+
+
+class FedOptServer(WeightsServer, FedOptMoments):
+    """The global model and the server optimiser's state."""
 
 
 ServerOpt = Literal["sgdm", "adagrad", "adam", "yogi"]
@@ -78,10 +82,12 @@ ServerOpt = Literal["sgdm", "adagrad", "adam", "yogi"]
 DEFAULT_SERVER_LR: dict[str, float] = {"sgdm": 1.0, "adagrad": 1e-1, "adam": 1e-2, "yogi": 1e-2}
 
 
-def fedopt_state(weights: Weights, param_keys, server_opt: str, v_init: float) -> State:
+def fedopt_state(
+    weights: Weights, param_keys: Iterable[str], server_opt: str, v_init: float
+) -> FedOptMoments:
     """The server optimiser's initial state for the parameters ``param_keys`` of ``weights``:
     ``m`` = 0 and, for the adaptive optimisers, ``v`` = ``v_init`` (plain tensors)."""
-    state: State = {"m": {k: torch.zeros_like(weights[k]) for k in param_keys}}
+    state: FedOptMoments = {"m": {k: torch.zeros_like(weights[k]) for k in param_keys}}
     if server_opt != "sgdm":
         state["v"] = {k: torch.full_like(weights[k], v_init) for k in param_keys}
     return state

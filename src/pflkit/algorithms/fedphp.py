@@ -31,14 +31,20 @@ round's download rather than its last trained model.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NotRequired
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register
 from pflkit.algorithms.blocks.hpm import HPMParams, HPMState, personalize
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.records import WeightsPayload
-from pflkit.primitives.training import get_weights, set_weights
+from pflkit.primitives.training import Weights, get_weights, set_weights
+
+
+class FedPHPState(HPMState):
+    """The HPM, and the model trained this round (``personal: trained``)."""
+
+    weights: NotRequired[Weights]
 
 
 @register
@@ -46,7 +52,7 @@ class FedPHP(FedAvg):
     name = "fedphp"
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     description = "FedPHP (Li et al. 2021): fine-tune with KD/MMD from an inherited private model"
-    state = HPMState
+    state = FedPHPState
 
     class Params(FedAvg.Params, HPMParams):
         personal: Literal["hpm", "trained"] = param(
@@ -56,7 +62,7 @@ class FedPHP(FedAvg):
     params: Params
 
     def client_update(
-        self, env: ClientEnv, payload: WeightsPayload, state: HPMState, ctx: RoundContext
+        self, env: ClientEnv, payload: WeightsPayload, state: FedPHPState, ctx: RoundContext
     ) -> Update:
         model = env.model()
         set_weights(model, payload["weights"])

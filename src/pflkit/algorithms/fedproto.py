@@ -68,7 +68,7 @@ short batch is used).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal, NotRequired, TypedDict
+from typing import ClassVar, Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -330,7 +330,7 @@ class FedProto(Algorithm):
     )
     payload = Empty | Prototypes
     upload = FedProtoUpload
-    state = FedProtoState
+    state: ClassVar[object] = FedProtoState
     server = Empty | Prototypes
 
     class Params(Algorithm.Params):
@@ -370,7 +370,7 @@ class FedProto(Algorithm):
         return {"classes": server["classes"], "protos": server["protos"]}
 
     def targets(
-        self, env: ClientEnv, payload: Payload, state: State, d: int
+        self, env: ClientEnv, payload: Empty | Prototypes, state: FedProtoState, d: int
     ) -> tuple[Tensor, Tensor]:
         """The regulariser's targets as a dense table and mask: the global prototypes."""
         return proto_table(payload, env.num_classes, d, env.device)
@@ -420,14 +420,14 @@ class FedProto(Algorithm):
         loss_fn = prototype_loss(targets, has, p.lam, p.reg, running)
         loss, extra, metrics = self.local_train(env, model, loss_fn, targets, has, state, ctx)
         classes, protos, counts = self.local_prototypes(env, model, running)
-        upload: Upload = {"classes": classes, "protos": protos.detach().clone()}
+        upload: FedProtoUpload = {"classes": classes, "protos": protos.detach().clone()}
         if p.proto_agg == "weighted":
             upload["counts"] = counts
         new_state = {**state, **extra, "weights": get_weights(model)}
         new_state.update(self.keep_local(upload))
         return Update(upload, new_state, {"train_loss": loss, **metrics})
 
-    def keep_local(self, upload: Upload) -> State:
+    def keep_local(self, upload: FedProtoUpload) -> dict[str, Prototypes]:
         """The client keeps its last uploaded prototypes (client state ``protos``; pFedPM's
         ``C_prev``)."""
         return {"protos": {k: upload[k].clone() for k in ("classes", "protos")}}

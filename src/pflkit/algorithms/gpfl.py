@@ -54,7 +54,8 @@ regulariser).
 from __future__ import annotations
 
 import math
-from typing import Literal, NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -295,7 +296,7 @@ class GPFL(Algorithm):
         b, a = torch.randn(2, k, generator=gen, device="cpu").to(env.device)
         return b, a
 
-    def _inputs(self, env: ClientEnv, shared: Weights, state: State, k: int):
+    def _inputs(self, env: ClientEnv, shared: Weights, state: Mapping[str, Any], k: int):
         """(g, p) for this round (training) or for scoring with ``shared``."""
         p = self.params
         if not (p.use_pci and p.use_gce):

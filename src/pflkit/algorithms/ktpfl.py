@@ -88,7 +88,7 @@ from typing import Literal, NotRequired, TypedDict
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
-from torch import Tensor
+from torch import Tensor, nn
 
 from pflkit.algorithms.base import (
     Algorithm,
@@ -326,7 +326,7 @@ class KTpFL(SoftTeacherKD):
             return self._update_c(server, server["soft"])
         return server
 
-    def distill_upload(self, model, x) -> Upload:
+    def distill_upload(self, model: nn.Module, x: Tensor) -> KTpFLReupload | Empty:
         if self.params.coef_timing == "after_distill_reupload":
             return {"soft": soft_predictions(model, x, self.params.temperature)}
         return {}

@@ -69,7 +69,7 @@ x_i after the round's pull (also under MAP's selected-clients protocol).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
@@ -200,7 +200,7 @@ class L2GD(FedAvg):
         n = {} if self.params.eta is None else {"num_clients": env.num_clients}
         return {"weights": server["weights"], **n} if phase == "pull" else n
 
-    def client_update(
+    def client_update(  # type: ignore[override]  # its payload has keys FedAvg's lacks
         self,
         env: ClientEnv,
         payload: L2GDLocalPayload | L2GDPullPayload,
@@ -212,7 +212,7 @@ class L2GD(FedAvg):
         if ctx.phase == "pull":
             steps = 1 if p.pulls == "one" else coin_runs(env.run.seed, ctx.round, p.p)[1]
             c = self.pull_coefficient(t.lr, n) * ctx.lr_factor
-            x = pull(state["weights"], payload["weights"], c, steps)
+            x = pull(state["weights"], cast(L2GDPullPayload, payload)["weights"], c, steps)
             return Update({}, {**state, "weights": x})
         overrides = {"lr": self.local_lr(t.lr, n)}
         if p.local_steps == "geometric":

@@ -42,7 +42,10 @@ HPM starts as the result (§8.4). The code's gradient clipping at norm 100
 
 from __future__ import annotations
 
-from typing import NotRequired
+from collections.abc import Mapping
+from typing import ClassVar
+
+from torch import nn
 
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Weighting, param, register
 from pflkit.algorithms.blocks.hpm import HPMParams, HPMState, personalize
@@ -52,6 +55,7 @@ from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.records import WeightsPayload
 from pflkit.algorithms.scaffold import (
     ControlScale,
+    ControlState,
     ScaffoldPayload,
     ScaffoldServer,
     ScaffoldServerParams,
@@ -61,13 +65,11 @@ from pflkit.algorithms.scaffold import (
     scaffold_payload,
     scaffold_server_init,
 )
-from pflkit.primitives.training import Weights, get_weights, set_weights, steps_per_epoch
+from pflkit.primitives.training import get_weights, set_weights, steps_per_epoch
 
 
-class ScaMAPState(HPMState):
-    """MAP's state and SCAFFOLD's control variate c_i (from the client's first round on)."""
-
-    control: NotRequired[Weights]
+class ScaMAPState(HPMState, ControlState):
+    """MAP's state and SCAFFOLD's control variate c_i."""
 
 
 class MAPParams(FedAvg.Params, RSParams, HPMParams):
@@ -84,8 +86,8 @@ class MAP(RestrictedSoftmax, FedAvg):
     description = "MAP (Li et al. 2024): restricted-softmax stage A uploaded + HPM stage B kept"
 
     Params = MAPParams
-    params: Params
-    state = HPMState
+    params: MAPParams
+    state: ClassVar[object] = HPMState
 
     def stage_steps(self, env: ClientEnv, ctx: RoundContext) -> tuple[int, int]:
         t = env.run.train
@@ -95,8 +97,14 @@ class MAP(RestrictedSoftmax, FedAvg):
         return total, max(int(self.params.stage_b_fraction * total), 5)
 
     def stage_a(
-        self, env: ClientEnv, model, payload: Payload, state: State, ctx: RoundContext, steps: int
-    ):
+        self,
+        env: ClientEnv,
+        model: nn.Module,
+        payload: WeightsPayload,
+        state: HPMState,
+        ctx: RoundContext,
+        steps: int,
+    ) -> tuple[Mapping[str, object], HPMState, float]:
         """Train ``model`` (holding the download) for stage A; return (upload, state, loss)."""
         loss = env.train(model, ctx, loss_fn=self.local_objective(env, payload), steps=steps)
         return {"weights": get_weights(model), "num_samples": env.num_train}, state, loss
@@ -149,9 +157,15 @@ class ScaMAP(MAP):
     def aggregate(self, env: ServerEnv, server: State, uploads, rnd: int, phase: str):
         return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
-    def stage_a(
-        self, env: ClientEnv, model, payload: Payload, state: State, ctx: RoundContext, steps: int
-    ):
+    def stage_a(  # type: ignore[override]  # SCAFFOLD's payload and state
+        self,
+        env: ClientEnv,
+        model: nn.Module,
+        payload: ScaffoldPayload,
+        state: ScaMAPState,
+        ctx: RoundContext,
+        steps: int,
+    ) -> tuple[Mapping[str, object], ScaMAPState, float]:
         # SCAFFOLD's corrected steps train ``env.model()`` (= ``model``), which keeps y for
         # stage B
         step, upload = scaffold_client_step(

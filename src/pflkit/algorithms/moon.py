@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, RoundContext, State, Update, param, register, train_from
+from pflkit.algorithms.base import RoundContext, State, Update, param, register, train_from
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
@@ -155,7 +155,7 @@ class MOON(FedAvg):
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
 
-    def moon_objective(self, env: ClientEnv, payload: Payload, prev: Weights | None) -> LossFn:
+    def moon_objective(self, env: ClientEnv, payload: MOONPayload, prev: Weights | None) -> LossFn:
         p = self.params
         global_model = env.model(GLOBAL_SLOT)
         set_weights(global_model, payload["weights"])
@@ -184,7 +184,7 @@ class MOON(FedAvg):
             new["uploaded"] = sorted(set(server["uploaded"]) | set(uploads))
         return new
 
-    def client_update(
+    def client_update(  # type: ignore[override]  # its payload has keys FedAvg's lacks
         self, env: ClientEnv, payload: MOONPayload, state: MOONState, ctx: RoundContext
     ) -> Update:
         prev = state.get("prev")

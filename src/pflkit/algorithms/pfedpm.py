@@ -79,7 +79,7 @@ every sample. Partial participation as in FedProto.
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired
+from typing import Literal, NotRequired, cast
 
 import torch
 from torch import Tensor, nn
@@ -98,6 +98,7 @@ from pflkit.algorithms.fedproto import (
     require_same_feature_dim,
     to_protoset,
 )
+from pflkit.algorithms.records import Empty
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
 from pflkit.primitives.training import (
@@ -285,7 +286,7 @@ class PFedPM(FedProto):
         return build_relation(self.params.relation, d, self.params.relation_hidden, env.device)
 
     def client_init(self, env: ClientEnv) -> PFedPMState:
-        state = super().client_init(env)
+        state = cast(PFedPMState, super().client_init(env))  # "relation" is set below
         d = env.model().feature_dim
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(common_seed(env.run.seed, 1))
@@ -295,7 +296,9 @@ class PFedPM(FedProto):
         return state
 
     # -- one round ------------------------------------------------------------------------------
-    def targets(self, env: ClientEnv, payload: Payload, state: State, d: int):
+    def targets(
+        self, env: ClientEnv, payload: Empty | Prototypes, state: FedProtoState, d: int
+    ) -> tuple[Tensor, Tensor]:
         """Eq. 8's anchors from last round's own prototypes and the downloaded global ones."""
         return mixed_anchors(
             state.get("protos"), payload, self.params.a, env.num_classes, d, env.device

@@ -112,11 +112,15 @@ class ScaffoldUpload(Upload):
     delta_c: Weights
 
 
-class ScaffoldState(TypedDict):
-    """The client control variate c_i, and its last local model y (``personal: local`` or
-    MAP's protocol)."""
+class ControlState(TypedDict):
+    """The client control variate c_i (from its first round on)."""
 
     control: NotRequired[Weights]
+
+
+class ScaffoldState(ControlState):
+    """c_i, and the client's last local model y (``personal: local`` or MAP's protocol)."""
+
     weights: NotRequired[Weights]
 
 
@@ -145,7 +149,7 @@ def zero_control(model: torch.nn.Module) -> Weights:
     return {k: torch.zeros_like(p) for k, p in model.named_parameters()}
 
 
-def scaffold_server_init(env: ServerEnv) -> State:
+def scaffold_server_init(env: ServerEnv) -> ScaffoldServer:
     """x_0 (a fresh global model) and c = 0."""
     return {"weights": env.init_weights(), "control": zero_control(env.model())}
 
@@ -227,14 +231,14 @@ def scaffold_local_steps(
 
 def scaffold_client_step(
     env: ClientEnv,
-    payload: Payload,
-    state: State,
+    payload: ScaffoldPayload,
+    state: ControlState,
     ctx: RoundContext,
     loss_fn: LossFn,
     *,
     local_weight_decay: bool = True,
     steps: int | None = None,
-) -> tuple[ScaffoldStep, Upload]:
+) -> tuple[ScaffoldStep, ScaffoldUpload]:
     """The client's corrected steps from the download ``{weights, control}`` and its stored
     ``control``, and the upload they produce ``{delta_y, delta_c, num_samples}``."""
     step = scaffold_local_steps(
@@ -247,7 +251,11 @@ def scaffold_client_step(
         steps=steps,
         weight_decay=None if local_weight_decay else 0.0,
     )
-    upload = {"delta_y": step.delta_y, "delta_c": step.delta_c, "num_samples": env.num_train}
+    upload: ScaffoldUpload = {
+        "delta_y": step.delta_y,
+        "delta_c": step.delta_c,
+        "num_samples": env.num_train,
+    }
     return step, upload
 
 
@@ -325,7 +333,7 @@ class Scaffold(Algorithm):
     def configure(self, env: ServerEnv, server: State, cid: int, rnd: int, phase: str):
         return scaffold_payload(server)
 
-    def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
+    def local_objective(self, env: ClientEnv, payload: ScaffoldPayload) -> LossFn:
         """The task loss of the local steps (ScaRS: restricted softmax)."""
         return cross_entropy
 

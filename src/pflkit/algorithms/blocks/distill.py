@@ -57,7 +57,7 @@ distillation loss and the temperature".
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NotRequired, TypedDict
+from typing import ClassVar, Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
@@ -242,9 +242,9 @@ class SoftTeacherKD(Algorithm):
 
     default_order: str = "train_then_distill"
     payload = SharePayload | DistillPayload
-    upload = ShareUpload | Empty
+    upload: ClassVar[object] = ShareUpload | Empty
     state = KDState
-    server = KDServer
+    server: ClassVar[object] = KDServer
 
     class Params(Algorithm.Params, DistillParams):
         order: Literal["train_then_distill", "distill_then_train"] | None = param(
@@ -307,13 +307,13 @@ class SoftTeacherKD(Algorithm):
             if self.order == "train_then_distill":
                 metrics["train_loss"] = self._train_private(env, model, ctx)
             x = public_subset(env, new_state.get("public_idx"))
-            upload: Upload = {
+            upload: Mapping[str, object] = {
                 "soft": soft_predictions(model, x, self.params.temperature),
                 "num_samples": env.num_train,
             }
         else:
             x = public_subset(env, state.get("public_idx"))
-            teacher = payload["teacher"]
+            teacher = cast(DistillPayload, payload)["teacher"]  # phase distill
             metrics["distill_loss"] = distill_configured(
                 env.run.train, self.params, model, x, teacher, ctx.optim
             )
@@ -325,7 +325,7 @@ class SoftTeacherKD(Algorithm):
         new_state["weights"] = get_weights(model)
         return Update(upload, new_state, metrics)
 
-    def distill_upload(self, model: nn.Module, x: Tensor) -> Upload:
+    def distill_upload(self, model: nn.Module, x: Tensor) -> Mapping[str, object]:
         """What a client sends after distilling (nothing, unless KT-pFL re-uploads)."""
         return {}
 

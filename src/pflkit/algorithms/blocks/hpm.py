@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import RoundContext, State, param
+from pflkit.algorithms.base import RoundContext, param
 from pflkit.algorithms.env import ClientEnv
 from pflkit.primitives.training import LossFn, Weights, get_weights, set_weights
 
@@ -155,8 +155,13 @@ def recompute_bn(model: nn.Module, x: Tensor, batch_size: int) -> None:
 
 
 def personalize(
-    env: ClientEnv, model: nn.Module, state: State, p: HPMParams, ctx: RoundContext, **train: object
-) -> tuple[State, float]:
+    env: ClientEnv,
+    model: nn.Module,
+    state: HPMState,
+    p: HPMParams,
+    ctx: RoundContext,
+    **train: object,
+) -> tuple[HPMState, float]:
     """Fine-tune ``model`` (already holding the start weights) with KT from the client's HPM
     in round context ``ctx``, then fold the result into the HPM. Returns the new client state
     and the mean loss."""
