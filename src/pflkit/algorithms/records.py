@@ -3,14 +3,16 @@
 A record declares the keys of a plain dict and the type of each value; the values stay plain
 dicts (the engine counts communication from them, checkpoints ``torch.save`` them, Flower ships
 them). Each algorithm names its records in four class attributes of
-:class:`~pflkit.algorithms.Algorithm`: ``payload`` (what :meth:`configure` sends a client),
-``upload`` (what :meth:`client_update` sends back), ``state`` (the client's private state, from
-``client_init`` and ``client_update``) and ``server`` (the server state, from ``server_init``
-and ``aggregate``). A multi-phase algorithm whose records differ by phase declares a
-``typing.Union`` of one record per phase. ``tests/test_conformance.py`` checks every value a
-run produces against its declaration (:func:`pflkit.testing.check_record`).
+:class:`~pflkit.algorithms.Algorithm`: ``payload`` (what
+:meth:`~pflkit.algorithms.Algorithm.configure` sends a client), ``upload`` (what
+:meth:`~pflkit.algorithms.Algorithm.client_update` sends back), ``state`` (the client's private
+state, from ``client_init`` and ``client_update``) and ``server`` (the server state, from
+``server_init`` and ``aggregate``). A multi-phase algorithm whose records differ by phase
+declares a union of one record per phase (``SharePayload | DistillPayload``).
+``tests/test_conformance.py`` checks every value a run produces against its declaration
+(:func:`pflkit.testing.check_record`).
 
-The records here are the ones the contract's helpers rely on, for algorithms to extend:
+The records here are the ones the contract's helpers rely on, for algorithms to extend.
 """
 
 from __future__ import annotations
