@@ -427,7 +427,7 @@ class FedProto(Algorithm):
         new_state.update(self.keep_local(upload))
         return Update(upload, new_state, {"train_loss": loss, **metrics})
 
-    def keep_local(self, upload: FedProtoUpload) -> dict[str, Prototypes]:
+    def keep_local(self, upload: FedProtoUpload) -> dict[str, dict[str, Tensor]]:
         """The client keeps its last uploaded prototypes (client state ``protos``; pFedPM's
         ``C_prev``)."""
         return {"protos": {k: upload[k].clone() for k in ("classes", "protos")}}
