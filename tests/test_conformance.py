@@ -26,6 +26,7 @@ from pflkit.engine.clients import InProcess, ProcessPool, TrainJob  # noqa: E402
 from pflkit.errors import PflkitError  # noqa: E402
 from pflkit.experiment import validate  # noqa: E402
 from pflkit.flower.codec import decode, encode  # noqa: E402
+from pflkit.testing import check_record  # noqa: E402
 
 _task_identity = pytest.fixture(autouse=True)(task_identity)
 
@@ -174,6 +175,35 @@ def test_payloads_uploads_and_states_are_plain_data(name, reference):
         torch.save(obj, buf)
         buf.seek(0)
         assert_equal(torch.load(buf, weights_only=True), obj, "checkpointed state")
+
+
+class RecordChecking(InProcess):
+    """The in-process runner, checking every payload, client state (received and returned)
+    and upload against the algorithm's declared records."""
+
+    def run(self, algo, envs, jobs, meanwhile=None):
+        out = super().run(algo, envs, jobs, meanwhile)
+        cls = type(algo)
+        for job in jobs:
+            if isinstance(job, TrainJob):
+                at = f"client {job.cid}, round {job.ctx.round}, phase {job.ctx.phase}"
+                check_record(job.payload, cls.payload, f"{cls.name}'s payload ({at})")
+                check_record(job.state, cls.state, f"{cls.name}'s client state ({at})")
+                check_record(out[job.cid].upload, cls.upload, f"{cls.name}'s upload ({at})")
+                check_record(out[job.cid].state, cls.state, f"{cls.name}'s new state ({at})")
+        return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_records_match_their_declarations(name):
+    """Every payload, upload, client state and server state of a run is a value of the record
+    its algorithm declares (``Algorithm.payload``, ``upload``, ``state``, ``server``)."""
+    with Simulation(conformance_config(name), runner=RecordChecking()) as sim:
+        server = type(sim.algo).server
+        check_record(sim.server, server, f"{name}'s server state (server_init)")
+        for rnd in (1, 2, 3):
+            sim.run_round(rnd)
+            check_record(sim.server, server, f"{name}'s server state (round {rnd})")
 
 
 @pytest.mark.parametrize("name", NAMES)

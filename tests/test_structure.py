@@ -28,6 +28,7 @@ FORBIDDEN = {
     "pflkit.algorithms.base": ("pflkit.algorithms.blocks",),
     "pflkit.algorithms.env": ("pflkit.algorithms.blocks",),
     "pflkit.algorithms.context": ("pflkit.algorithms.blocks",),
+    "pflkit.algorithms.records": ("pflkit.algorithms.blocks",),
 }
 # packages that import nothing of pflkit's but themselves: the bottom layer
 SELF_CONTAINED = ("pflkit.primitives",)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import typing
+from typing import Literal, NotRequired, TypedDict
+
 import pytest
 import torch
 
-from pflkit.algorithms import ClientEnv, RoundContext, ServerEnv
+from pflkit.algorithms import ALGORITHMS, ClientEnv, RoundContext, ServerEnv
+from pflkit.algorithms.records import Empty, WeightsUpload
 from pflkit.config import lr_factor
 from pflkit.errors import PflkitError
 from pflkit.models import build_model
-from pflkit.testing import round_ctx, toy_data, toy_envs
+from pflkit.testing import check_record, round_ctx, toy_data, toy_envs
 
 
 def test_random_clients_have_the_asked_counts_and_shapes():
@@ -101,3 +105,91 @@ def test_round_ctx_is_the_engines_context_of_the_round():
 def test_bad_input_is_one_sentence(kwargs, match):
     with pytest.raises(PflkitError, match=match):
         toy_envs(**kwargs)
+
+
+# -- check_record ----------------------------------------------------------------------------------
+class _Inner(TypedDict):
+    classes: torch.Tensor
+
+
+class _Rec(TypedDict):
+    weights: dict[str, torch.Tensor]
+    num_samples: int
+    lr: float
+    kind: Literal["a", "b"]
+    ids: list[int]
+    inner: NotRequired[_Inner]
+    maybe: NotRequired[int | None]
+
+
+class _Other(TypedDict):
+    soft: torch.Tensor
+
+
+def _good() -> dict:
+    return {
+        "weights": {"w": torch.zeros(2)},
+        "num_samples": 3,
+        "lr": 1,  # an int is a float
+        "kind": "a",
+        "ids": [1, 2],
+        "inner": {"classes": torch.arange(2)},
+        "maybe": None,
+    }
+
+
+def test_check_record_accepts_a_value_of_its_record_and_leaves_out_optional_keys():
+    check_record(_good(), _Rec, "fedx's upload")
+    value = _good()
+    del value["inner"], value["maybe"]
+    check_record(value, _Rec, "fedx's upload")
+    check_record({"soft": torch.ones(1)}, _Rec | _Other, "fedx's upload")  # one per phase
+    check_record({}, Empty, "fedx's state")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda v: v.pop("num_samples"), "fedx's upload: _Rec lacks key 'num_samples'"),
+        (
+            lambda v: v.update(num_sampels=3),
+            "fedx's upload: key 'num_sampels' is not declared in _Rec",
+        ),
+        (lambda v: v.update(num_samples=3.0), r"_Rec\['num_samples'\] is a float, not int"),
+        (lambda v: v.update(num_samples=True), r"_Rec\['num_samples'\] is a bool, not int"),
+        (lambda v: v.update(lr="0.1"), r"_Rec\['lr'\] is a str, not float"),
+        (lambda v: v.update(kind="c"), r"_Rec\['kind'\] is 'c', not one of \['a', 'b'\]"),
+        (lambda v: v.update(ids=[1, "2"]), r"_Rec\['ids'\]\[1\] is a str, not int"),
+        (
+            lambda v: v.update(weights={"w": [0.0]}),
+            r"_Rec\['weights'\]\['w'\] is a list, not Tensor",
+        ),
+        (lambda v: v.update(weights={1: torch.zeros(1)}), r"a key of _Rec\['weights'\] is a int"),
+        (lambda v: v.update(inner={}), "_Inner lacks key 'classes'"),
+        (lambda v: v.update(maybe="x"), r"_Rec\['maybe'\] is a str, not int \| None"),
+    ],
+)
+def test_check_record_names_the_algorithm_the_record_and_the_key(change, message):
+    value = _good()
+    change(value)
+    with pytest.raises(PflkitError, match=message):
+        check_record(value, _Rec, "fedx's upload")
+
+
+def test_check_record_says_why_a_value_matches_no_record_of_a_union():
+    with pytest.raises(
+        PflkitError,
+        match=r"_Rec \| _Other matches none of its records \(_Rec lacks key 'weights'.*key 'x' is not declared in _Other",
+    ):
+        check_record({"soft": 1.0, "x": 1}, _Rec | _Other, "fedx's upload")
+    with pytest.raises(PflkitError, match="is a list, not a dict"):
+        check_record([], _Rec, "fedx's upload")
+
+
+def test_every_registered_algorithm_declares_its_four_records():
+    for name, cls in ALGORITHMS.items():
+        for kind in ("payload", "upload", "state", "server"):
+            record = getattr(cls, kind)
+            members = typing.get_args(record) or (record,)
+            assert all(typing.is_typeddict(m) for m in members), f"{name}.{kind}: {record}"
+    assert ALGORITHMS["fedavg"].upload is WeightsUpload

@@ -15,13 +15,22 @@ run, here on given (or random) tensors; :func:`round_ctx` gives a client's
         for c in clients
     }
     new = algo.aggregate(server_env, server, uploads, ServerContext(1))  # (3 w_0 + 5 w_1) / 8
+
+:func:`check_record` checks a payload, upload or state against the record its algorithm
+declares (:mod:`pflkit.algorithms.records`), as ``tests/test_conformance.py`` does for every
+registered algorithm::
+
+    check_record(uploads[0], type(algo).upload, "fedavg's upload")
 """
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -201,3 +210,122 @@ def personal_weights(
 def same_weights(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:
     """Whether two weight dicts hold the same keys and exactly equal tensors."""
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def check_record(value: Any, record: Any, where: str) -> None:
+    """Check ``value`` against ``record``, the record an algorithm declares
+    (``Algorithm.payload``, ``upload``, ``state`` or ``server``): a TypedDict, a Union of
+    them, or any type below. A TypedDict value is a dict with every required key, no key the
+    record does not declare, and each value of its declared type; the types understood are
+    Tensor, numpy arrays, int, float (an int passes), str, bool, None, ``Any``, ``Literal``,
+    ``list[X]``, ``tuple[X, ...]``, ``dict[K, V]`` (so ``Weights``), Optional and Union, and
+    nested TypedDicts. A mismatch raises :class:`~pflkit.errors.PflkitError`, one sentence that
+    starts with ``where`` (say the algorithm and the record) and names the key."""
+    problem = _mismatch(value, record, _name(record))
+    if problem is not None:
+        raise PflkitError(f"{where}: {problem}")
+
+
+def _name(tp: Any) -> str:
+    if _is_union(tp):
+        return " | ".join(_name(m) for m in typing.get_args(tp))
+    if tp is type(None):
+        return "None"
+    return getattr(tp, "__name__", None) or repr(tp).replace("typing.", "")
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
+def _mismatch(value: Any, tp: Any, at: str) -> str | None:
+    """Why ``value`` is not a ``tp`` (``at`` names where it sits), or None when it is."""
+    if tp is Any or tp is object:
+        return None
+    if typing.is_typeddict(tp):
+        return _record_mismatch(value, tp, at)
+    if _is_union(tp):
+        members = typing.get_args(tp)
+        problems = [_mismatch(value, m, at if len(members) == 1 else _name(m)) for m in members]
+        if any(p is None for p in problems):
+            return None
+        if all(typing.is_typeddict(m) for m in members):  # one record per phase: say each
+            return f"{at} matches none of its records (" + "; ".join(map(str, problems)) + ")"
+        return f"{at} is a {type(value).__name__}, not {_name(tp)}"
+    if tp is None or tp is type(None):
+        return None if value is None else f"{at} is a {type(value).__name__}, not None"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return None if value in args else f"{at} is {value!r}, not one of {list(args)}"
+    if origin in (dict, Mapping):
+        if not isinstance(value, dict):
+            return f"{at} is a {type(value).__name__}, not a dict"
+        for k, v in value.items():
+            problem = _mismatch(k, args[0], f"a key of {at}") or _mismatch(
+                v, args[1], f"{at}[{k!r}]"
+            )
+            if problem is not None:
+                return problem
+        return None
+    if origin in (list, tuple):
+        if not isinstance(value, origin):
+            return f"{at} is a {type(value).__name__}, not a {origin.__name__}"
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(args) != len(value):
+                return f"{at} has {len(value)} items, not {len(args)}"
+            pairs = zip(args, value, strict=True)
+        else:
+            pairs = ((args[0], v) for v in value)
+        for i, (item_tp, v) in enumerate(pairs):
+            if (problem := _mismatch(v, item_tp, f"{at}[{i}]")) is not None:
+                return problem
+        return None
+    return _scalar_mismatch(value, tp, at)
+
+
+def _scalar_mismatch(value: Any, tp: Any, at: str) -> str | None:
+    if tp is float:  # an int is a float (the numeric tower), a bool is neither
+        ok = isinstance(value, int | float | np.floating) and not isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+    elif isinstance(tp, type):
+        ok = isinstance(value, tp)
+    else:
+        raise PflkitError(f"check_record: {at} is declared as {tp!r}, a type it cannot check")
+    return None if ok else f"{at} is a {type(value).__name__}, not {_name(tp)}"
+
+
+def _fields(record: Any) -> tuple[dict[str, Any], set[str]]:
+    """A TypedDict's value types by key, and its required keys. Read from the annotations:
+    ``__required_keys__`` counts a postponed ``NotRequired[...]`` as required (Python 3.11)."""
+    hints, required = {}, set()
+    for key, tp in typing.get_type_hints(record, include_extras=True).items():
+        origin = typing.get_origin(tp)
+        if origin in (typing.NotRequired, typing.Required):
+            hints[key] = typing.get_args(tp)[0]
+            if origin is typing.Required:
+                required.add(key)
+        else:
+            hints[key] = tp
+            if record.__total__:
+                required.add(key)
+    return hints, required
+
+
+def _record_mismatch(value: Any, record: Any, at: str) -> str | None:
+    if not isinstance(value, dict):
+        return f"{at} is a {type(value).__name__}, not a dict"
+    hints, required = _fields(record)
+    missing = [k for k in hints if k in required and k not in value]
+    if missing:
+        return f"{_name(record)} lacks key {missing[0]!r} (it has {sorted(map(str, value))})"
+    extra = [k for k in value if k not in hints]
+    if extra:
+        return (
+            f"key {extra[0]!r} is not declared in {_name(record)} "
+            f"(it declares {sorted(hints)}): declare it or remove it"
+        )
+    for key, v in value.items():
+        if (problem := _mismatch(v, hints[key], f"{_name(record)}[{key!r}]")) is not None:
+            return problem
+    return None

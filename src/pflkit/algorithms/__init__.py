@@ -25,8 +25,8 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 
-# modules that define the contract or environments, not algorithms
-NOT_ALGORITHMS = {"base", "context", "env", "blocks"}
+# modules that define the contract, its records or environments, not algorithms
+NOT_ALGORITHMS = {"base", "context", "env", "records", "blocks"}
 ALGORITHM_MODULES = sorted(
     m.name for m in pkgutil.iter_modules(__path__) if m.name not in NOT_ALGORITHMS
 )

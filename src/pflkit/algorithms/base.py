@@ -43,8 +43,14 @@ import numpy as np
 from pydantic import Field, ValidationError
 from torch import Tensor, nn
 
-from pflkit.algorithms.context import RoundContext, ServerContext
+from pflkit.algorithms.context import RoundContext as RoundContext
+from pflkit.algorithms.context import ServerContext  # re-exported
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import Empty as Empty  # the base records, re-exported
+from pflkit.algorithms.records import Upload as Upload
+from pflkit.algorithms.records import WeightsPayload as WeightsPayload
+from pflkit.algorithms.records import WeightsServer as WeightsServer
+from pflkit.algorithms.records import WeightsUpload as WeightsUpload
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
 from pflkit.primitives.training import Weights, get_weights, set_weights
@@ -54,12 +60,11 @@ from pflkit.strict import StrictNumbers
 
 State = dict[str, Any]
 Payload = dict[str, Any]
-Upload = dict[str, Any]
 
 
 class _UpdateFields(NamedTuple):
-    upload: Upload  # sent to the server (counted as communication)
-    state: State  # the client's private state after the round (stays on the client)
+    upload: Any  # sent to the server (counted as communication): the class's ``upload`` record
+    state: Any  # the client's private state after the round (stays on the client): ``state``
     metrics: dict[str, float]  # diagnostics, e.g. training loss (not an upload)
 
 
@@ -69,7 +74,7 @@ class Update(_UpdateFields):
 
     __slots__ = ()
 
-    def __new__(cls, upload: Upload, state: State, metrics: dict[str, float] | None = None):
+    def __new__(cls, upload: Any, state: Any, metrics: dict[str, float] | None = None) -> Update:
         return super().__new__(cls, upload, state, {} if metrics is None else metrics)
 
 
@@ -122,6 +127,17 @@ class Algorithm:
     from the class's own body only: a subclass that changes the local work does not inherit
     it."""
 
+    payload: ClassVar[object] = WeightsPayload
+    """The record (:mod:`pflkit.algorithms.records`) of what :meth:`configure` sends a client:
+    a TypedDict, or a ``typing.Union`` of them for a multi-phase algorithm whose payload differs
+    by phase. The conformance suite checks every payload against it; so for the next three."""
+    upload: ClassVar[object] = Upload
+    """The record of what :meth:`client_update` uploads."""
+    state: ClassVar[object] = Empty
+    """The record of the client's private state (:meth:`client_init`, :meth:`client_update`)."""
+    server: ClassVar[object] = WeightsServer
+    """The record of the server state (:meth:`server_init`, :meth:`aggregate`)."""
+
     class Params(StrictNumbers):
         """The algorithm's hyper-parameters (each declared with :func:`param`)."""
 
@@ -139,11 +155,11 @@ class Algorithm:
         return ("train",)
 
     # -- state ---------------------------------------------------------------------------------
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> Any:
         """The server state before round 1; default ``{"weights": <the initial model>}``."""
         return {"weights": env.init_weights()}
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> Any:
         """A client's private state before its first round (a personal model, a control
         variate, ...); it stays on the client. Default: empty."""
         return {}
@@ -154,10 +170,9 @@ class Algorithm:
         (counted as communication); default the global model as ``{"weights": ...}``."""
         return {"weights": server["weights"]}
 
-    def client_update(
-        self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext
-    ) -> Update:
-        """Client work in phase ``ctx.phase`` of round ``ctx.round``."""
+    def client_update(self, env: ClientEnv, payload: Any, state: Any, ctx: RoundContext) -> Update:
+        """Client work in phase ``ctx.phase`` of round ``ctx.round``. ``payload`` and ``state``
+        are typed ``Any`` here so that each algorithm annotates them with its own records."""
         raise NotImplementedError
 
     def aggregate(
@@ -265,7 +280,7 @@ def weighted_average(
     Floating-point entries are averaged; integer buffers (e.g. BatchNorm's step counter) are
     taken from the first upload.
     """
-    ups = list(uploads.values())
+    ups: list[Mapping[str, Any]] = list(uploads.values())  # read by the key ``key``
     w = [1.0 if uniform else float(u["num_samples"]) for u in ups]
     total = sum(w)
     return weighted_sum([u[key] for u in ups], [wu / total for wu in w], like=ups[0][key])

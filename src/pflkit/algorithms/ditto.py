@@ -50,7 +50,7 @@ Deviations and options:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +71,7 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSMode, RSParams
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.primitives.training import (
     LossFn,
     StackableLoss,
@@ -78,6 +79,12 @@ from pflkit.primitives.training import (
     cross_entropy,
     proximal_loss,
 )
+
+
+class DittoState(TypedDict):
+    """The client's personal model v_k (from its first round on)."""
+
+    personal: NotRequired[Weights]
 
 
 def _smooth_l1_proximal(model, x, y, t: Mapping, lam: float) -> torch.Tensor:
@@ -97,6 +104,7 @@ class Ditto(FedAvg):
     private = ("personal",)
     vectorize = True  # engine.vectorize covers its local work
     description = "Ditto (Li et al. 2021): FedAvg + a private model pulled toward the global one"
+    state = DittoState
 
     class Params(FedAvg.Params):
         lam: float = param(0.1, "paper grid {0.1, 1, 2} and MAP code grid", ge=0)
@@ -105,13 +113,17 @@ class Ditto(FedAvg):
         personal_lr: float | None = param(None, "paper (one eta; None: train.lr)", gt=0)
         weighting: Weighting = param("uniform", "paper (Alg. 1: server average)")
 
+    params: Params
+
     def personal_loss(self, w_global: Weights) -> LossFn:
         p = self.params
         if p.prox == "l2":
             return proximal_loss(w_global, p.lam)
         return smooth_l1_proximal_loss(w_global, p.lam)
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: DittoState, ctx: RoundContext
+    ) -> Update:
         p, t = self.params, env.run.train
         w_t = payload["weights"]
         glob = super().client_update(env, payload, state, ctx)  # FedAvg's client step
@@ -147,3 +159,5 @@ class DittoRS(RestrictedSoftmax, Ditto):
 
     class Params(Ditto.Params, RSParams):  # alpha (0.9), rs_mode, min_samples (1)
         rs_mode: RSMode = param("hard", "paper (MAP Eq. 8); soft: MAP code's DittoRS")
+
+    params: Params

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -91,6 +91,7 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     Weights,
@@ -99,6 +100,28 @@ from pflkit.primitives.training import (
     set_weights,
 )
 from pflkit.primitives.tree import weighted_sum
+
+
+class FedAMPUpload(TypedDict):
+    """The client's trained personalized model w_i (the server stores it; no sample count)."""
+
+    weights: Weights
+
+
+class FedAMPState(TypedDict):
+    """The client's personalized model w_i (from its first round on)."""
+
+    weights: NotRequired[Weights]
+
+
+class FedAMPServer(TypedDict):
+    """w^0, every client's last uploaded model, and the pairwise distances and cosines."""
+
+    init: Weights
+    models: dict[int, Weights]
+    sqdist: Tensor
+    cos: Tensor
+
 
 Attention = Literal["paper", "heuristic"]
 
@@ -158,6 +181,10 @@ class FedAMP(Algorithm):
         "FedAMP (Huang et al. 2021): per-client cloud models by attentive message passing, "
         "personal models trained with a proximal pull to them"
     )
+    payload = WeightsPayload
+    upload = FedAMPUpload
+    state = FedAMPState
+    server = FedAMPServer
 
     class Params(Algorithm.Params):
         attention: Attention = param("paper", "paper (Eqs. 5-6); heuristic: HeurFedAMP")
@@ -166,6 +193,8 @@ class FedAMP(Algorithm):
         sigma: float = param(20.0, "pflkit (keeps xi_ii >= 0 for 21 clients; PFLlib: 1)", gt=0)
         heur_sigma: float = param(0.1, "PFLlib HeurFedAMP run script (-sg)", ge=0)
         heur_self_weight: float = param(0.1, "PFLlib HeurFedAMP run script (-xi)", ge=0, le=1)
+
+    params: Params
 
     # -- checks and state -----------------------------------------------------------------------
     def check(self, env: ServerEnv) -> None:
@@ -180,7 +209,7 @@ class FedAMP(Algorithm):
                 f"{p.sigma / (env.num_clients - 1):.4g}"
             )
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> FedAMPServer:
         n = env.num_clients
         return {
             "init": common_init(env),  # w^0 of every client not yet stored (the client's too)
@@ -205,7 +234,9 @@ class FedAMP(Algorithm):
         stored = [self.stored(server, j) for j in range(env.num_clients)]
         return {"weights": cloud_model(stored, xi, stored[cid])}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: FedAMPState, ctx: RoundContext
+    ) -> Update:
         p = self.params
         model = env.model()
         set_weights(model, state.get("weights") or common_init(env))

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -55,13 +56,35 @@ from pflkit.algorithms.base import (
     train_from,
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.algorithms.fedbn import FedBN
+from pflkit.algorithms.fedbn import FedBN, FedBNState
 from pflkit.algorithms.pfedsim import warmup_rounds
+from pflkit.algorithms.records import WeightsUpload
 from pflkit.primitives.bn import bn_keys, bn_modules, merged, only, without
 from pflkit.primitives.training import Weights
 from pflkit.primitives.tree import weighted_sum
 
 Stats = dict[str, list[Tensor]]  # {"mean": [per layer], "var": [per layer]}
+
+
+class FedAPPayload(TypedDict):
+    """The model to train, and whether the server still needs the client's BN statistics."""
+
+    weights: Weights
+    need_stats: NotRequired[bool]
+
+
+class FedAPUpload(WeightsUpload):
+    """FedBN's upload, plus the BN input statistics when the server asked for them."""
+
+    stats: NotRequired[Stats]
+
+
+class FedAPServer(TypedDict):
+    """The global model, each client's BN statistics and its last uploaded model."""
+
+    weights: Weights
+    stats: dict[int, Stats]
+    personal: dict[int, Weights]
 
 
 @torch.no_grad()
@@ -131,6 +154,9 @@ class FedAP(FedBN):
         "f-FedAP (Lu et al. 2022): FedBN warm-up, then aggregation weighted by the Wasserstein "
         "distance of BN statistics, with model momentum"
     )
+    payload = FedAPPayload
+    upload = FedAPUpload
+    server = FedAPServer
 
     class Params(FedBN.Params):
         warmup_ratio: float = param(0.5, "pFedSim App. A.5 (generalization ratio)", ge=0, le=1)
@@ -139,10 +165,12 @@ class FedAP(FedBN):
             None, "local epochs of a warm-up round (None: train.local_epochs; FL-bench: 1)", ge=1
         )
 
+    params: Params
+
     def t_g(self, env) -> int:
         return warmup_rounds(env.run.rounds, self.params.warmup_ratio)
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> FedAPServer:
         return {**super().server_init(env), "stats": {}, "personal": {}}
 
     def stored(self, server: State, cid: int) -> Weights:
@@ -164,7 +192,9 @@ class FedAP(FedBN):
         trees = [self.stored(server, j) for j in row]
         return {"weights": weighted_sum(trees, list(row.values()), own)}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(  # type: ignore[override]  # its payload has keys FedAvg's lacks
+        self, env: ClientEnv, payload: FedAPPayload, state: FedBNState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         start = merged(model, payload["weights"], state["bn"])
         extra = {}

@@ -14,9 +14,11 @@ Deviations: none. BatchNorm running statistics are averaged like parameters; int
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
 from pflkit.algorithms.base import (
     Algorithm,
-    Payload,
     RoundContext,
     ServerContext,
     State,
@@ -28,6 +30,7 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.records import Empty, WeightsPayload, WeightsServer, WeightsUpload
 from pflkit.primitives.training import LossFn, cross_entropy
 
 
@@ -35,19 +38,32 @@ from pflkit.primitives.training import LossFn, cross_entropy
 class FedAvg(Algorithm):
     name = "fedavg"
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
-    release = {"weights": "weights"}  # the trained model, an update of the download
-    secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
+    release: ClassVar[Mapping[str, str | None] | None] = {
+        "weights": "weights"
+    }  # the trained model, an update of the download
+    secagg: ClassVar[tuple[str, ...]] = (
+        "samples",
+        "uniform",
+    )  # its aggregate is the mean of the uploads
     vectorize = True  # engine.vectorize covers its local work
     description = "FedAvg (McMahan et al. 2017): local SGD, sample-weighted model averaging"
+    payload: ClassVar[object] = WeightsPayload
+    upload: ClassVar[object] = WeightsUpload
+    state: ClassVar[object] = Empty
+    server: ClassVar[object] = WeightsServer
 
     class Params(Algorithm.Params):
         weighting: Weighting = param("samples", "paper (Alg. 1: n_k / n)")
 
-    def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
+    params: Params
+
+    def local_objective(self, env: ClientEnv, payload: WeightsPayload) -> LossFn:
         """The loss of the local steps (FedProx: + proximal term; FedRS: restricted softmax)."""
         return cross_entropy
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(  # the state passes through: a subclass gives its own record
+        self, env: ClientEnv, payload: WeightsPayload, state: Any, ctx: RoundContext
+    ) -> Update:
         loss_fn = self.local_objective(env, payload)
         weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn)
         upload = {"weights": weights, "num_samples": env.num_train}

@@ -37,6 +37,8 @@ class FedAvgFT(FedAvg):
         ft_epochs: int = param(1, "pflkit (one epoch of fine-tuning)", gt=0)
         ft_lr: float | None = param(None, "pflkit (None: train.lr)", gt=0)
 
+    params: Params
+
     def personal_model(
         self,
         env: ClientEnv,

@@ -69,10 +69,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import Payload, ServerContext, param, register, weighted_average
+from pflkit.algorithms.base import ServerContext, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import LossFn, Weights, cross_entropy
 
@@ -165,11 +166,13 @@ class FedAwS(FedAvg):
         )
         positive_margin: float = param(0.9, "paper (positive threshold)", gt=0, le=1)
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
         final_linear(env.model())
 
-    def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
+    def local_objective(self, env: ClientEnv, payload: WeightsPayload) -> LossFn:
         if self.params.client_loss == "ce":
             return cross_entropy
         _, layer = final_linear(env.model())  # the model train_from trains (slot 0)

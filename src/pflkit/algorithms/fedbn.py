@@ -22,6 +22,8 @@ Deviations: none.
 
 from __future__ import annotations
 
+from typing import ClassVar, TypedDict
+
 from torch import nn
 
 from pflkit.algorithms.base import (
@@ -39,7 +41,15 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload, WeightsServer
 from pflkit.primitives.bn import bn_keys, merged, only, without
+from pflkit.primitives.training import Weights
+
+
+class FedBNState(TypedDict):
+    """The client's BatchNorm entries (parameters and buffers), never uploaded."""
+
+    bn: Weights
 
 
 @register
@@ -49,17 +59,22 @@ class FedBN(FedAvg):
     vectorize = True  # engine.vectorize covers its local work
     private = ("bn",)  # the BatchNorm layers: the upload carries the rest
     description = "FedBN (Li et al. 2021): FedAvg on everything but BatchNorm layers, kept local"
+    state: ClassVar[object] = FedBNState
 
     class Params(FedAvg.Params):
         weighting: Weighting = param("samples", "paper (Alg. 1 with n_k weights; uniform: Eq.)")
 
-    def server_init(self, env: ServerEnv) -> State:
+    params: Params
+
+    def server_init(self, env: ServerEnv) -> WeightsServer:
         return {"weights": without(env.init_weights(), bn_keys(env.model()))}
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> FedBNState:
         return {"bn": only(env.init_weights(), bn_keys(env.model()))}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: FedBNState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         start = merged(model, payload["weights"], state["bn"])
         weights, loss = train_from(env, start, ctx, loss_fn=self.local_objective(env, payload))

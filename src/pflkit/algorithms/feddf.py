@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -83,8 +83,16 @@ from pflkit.algorithms.blocks.distill import (
     require_public,
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import Empty, WeightsPayload, WeightsUpload
 from pflkit.errors import PflkitError
-from pflkit.primitives.training import get_weights, predict, set_weights
+from pflkit.primitives.training import Weights, get_weights, predict, set_weights
+
+
+class FedDFServer(TypedDict):
+    """One global model per architecture, and each architecture's last fusion diagnostics."""
+
+    protos: dict[str, Weights]
+    fusion: dict[str, dict[str, float]]
 
 
 def holdout_size(n: int, fraction: float) -> int:
@@ -158,6 +166,10 @@ class FedDF(Algorithm):
         "FedDF (Lin et al. 2020): FedAvg within each architecture group, then server-side "
         "ensemble distillation of all client models into each prototype on a public set"
     )
+    payload = WeightsPayload
+    upload = WeightsUpload
+    state = Empty
+    server = FedDFServer
 
     class Params(Algorithm.Params, DistillParams):
         weighting: Weighting = param(
@@ -175,6 +187,8 @@ class FedDF(Algorithm):
             0.1, "not stated (FedDF validates on labelled data)", gt=0, lt=1
         )
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         require_public(env, self.name)
         p = self.params
@@ -185,14 +199,16 @@ class FedDF(Algorithm):
                 f"of the {n} public samples to distil on: lower it or raise data.public.size"
             )
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> FedDFServer:
         protos = {a: env.init_weights(a) for a in sorted(set(env.archs))}
         return {"protos": protos, "fusion": {}}
 
     def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return {"weights": server["protos"][env.arch(cid)]}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: Empty, ctx: RoundContext
+    ) -> Update:
         weights, loss = train_from(env, payload["weights"], ctx)
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, state, {"train_loss": loss})
@@ -283,6 +299,8 @@ class PFedDF(FedDF):
         ft_epochs: int | None = param(
             None, "pflkit (None: train.local_epochs); KT-pFL: 'several epochs'", gt=0
         )
+
+    params: Params
 
     def personal_model(
         self,

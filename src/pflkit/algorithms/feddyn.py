@@ -52,13 +52,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 
 from pflkit.algorithms.base import (
     Algorithm,
-    Payload,
     RoundContext,
     ServerContext,
     State,
@@ -70,7 +69,21 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import WeightsPayload, WeightsUpload
 from pflkit.primitives.training import Weights, clip_grad, proximal_pull, shift_grad
+
+
+class FedDynState(TypedDict):
+    """The client's linear term: its last local gradient (from its first round on)."""
+
+    grad: NotRequired[Weights]
+
+
+class FedDynServer(TypedDict):
+    """The server model theta and the running mean h of the clients' updates."""
+
+    weights: Weights
+    h: Weights
 
 
 def param_zeros(model: torch.nn.Module) -> Weights:
@@ -103,6 +116,10 @@ class FedDyn(Algorithm):
     secagg = ("uniform",)  # its aggregate needs the plain sum, the mean only when uniform
     private = ("grad",)
     description = "FedDyn (Acar et al. 2021): dynamic linear + quadratic regularizer, server h"
+    payload = WeightsPayload
+    upload = WeightsUpload
+    state = FedDynState
+    server = FedDynServer
 
     class Params(Algorithm.Params):
         alpha: float = param(0.01, "pFedSim App. A.5 (paper grid {0.1, 0.01, 0.001})", gt=0)
@@ -114,10 +131,14 @@ class FedDyn(Algorithm):
             "task", "pflkit engine (paper: no clipping); total: FL-bench client lines 33-37"
         )
 
-    def server_init(self, env: ServerEnv) -> State:
+    params: Params
+
+    def server_init(self, env: ServerEnv) -> FedDynServer:
         return {"weights": env.init_weights(), "h": param_zeros(env.model())}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: FedDynState, ctx: RoundContext
+    ) -> Update:
         a = self.params.alpha
         theta = payload["weights"]
         model = env.model()

@@ -48,11 +48,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from pflkit.algorithms.base import (
     Algorithm,
@@ -70,6 +71,37 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.data.federated import ClientData
 from pflkit.primitives.training import Weights, predict, set_weights
+
+
+class FedFomoPayload(TypedDict):
+    """The M neighbours' ids and models, and theta^0 on the client's first round."""
+
+    ids: Tensor
+    models: list[Weights]
+    init: NotRequired[Weights]
+
+
+class FedFomoUpload(TypedDict):
+    """The trained model, the neighbours' ids and their weights w (updates the affinities)."""
+
+    weights: Weights
+    ids: Tensor
+    w: Tensor
+
+
+class FedFomoState(TypedDict):
+    """The client's model (from its first round on)."""
+
+    weights: NotRequired[Weights]
+
+
+class FedFomoServer(TypedDict):
+    """theta^0, every client's last model, last round's uploaders and the affinities P."""
+
+    init: Weights
+    models: dict[int, Weights]
+    recent: list[int]
+    P: Tensor
 
 
 def fomo_weights(own_loss: float, losses: Sequence[float], dists: Sequence[float]) -> torch.Tensor:
@@ -132,6 +164,10 @@ class FedFomo(Algorithm):
     release_refusal = "its upload carries the mixing weights w it derived from its validation losses, with no clipping defined"
     uses_each_upload = "sends each client other clients' own models"
     description = "FedFomo (Zhang et al. 2021): clients weight M downloaded models by val-loss gain"
+    payload = FedFomoPayload
+    upload = FedFomoUpload
+    state = FedFomoState
+    server = FedFomoServer
 
     class Params(Algorithm.Params):
         m: int = param(5, "pFedSim App. A.5 (M)", ge=1)
@@ -139,7 +175,9 @@ class FedFomo(Algorithm):
         epsilon: float = param(0.3, "FedFomo code (configs.py EPSILON)", ge=0, le=1)
         epsilon_decay: float = param(0.05, "FedFomo code (configs.py EPSILON_DECAY)", ge=0)
 
-    def server_init(self, env: ServerEnv) -> State:
+    params: Params
+
+    def server_init(self, env: ServerEnv) -> FedFomoServer:
         n = env.num_clients
         return {
             "init": env.init_weights(),
@@ -178,7 +216,9 @@ class FedFomo(Algorithm):
             payload["init"] = server["init"]  # the client's theta^{t-1} on its first round
         return payload
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: FedFomoPayload, state: FedFomoState, ctx: RoundContext
+    ) -> Update:
         own = state.get("weights") or payload["init"]
         train, vx, vy = val_split(env, self.params.val_fraction)
         model = env.model("fomo_eval")

@@ -58,7 +58,7 @@ generator labels a step (line 88): set ``gen_batch`` to it (they agree in the cr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +66,6 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import (
     Algorithm,
-    Payload,
     RoundContext,
     ServerContext,
     State,
@@ -78,7 +77,32 @@ from pflkit.algorithms.base import (
     weighted_average,
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.primitives.training import cross_entropy, get_weights, unprefixed
+from pflkit.algorithms.records import Empty, WeightsUpload
+from pflkit.primitives.training import LossFn, Weights, cross_entropy, get_weights, unprefixed
+
+
+class FedGenPayload(TypedDict):
+    """The global model, and the generator and its labels once the server has trained it."""
+
+    weights: Weights
+    gen: NotRequired[Weights]
+    labels: NotRequired[Tensor]
+
+
+class FedGenUpload(WeightsUpload):
+    """FedAvg's upload and the client's label counts (they weigh the generator's teachers)."""
+
+    label_counts: Tensor
+
+
+class FedGenServer(TypedDict):
+    """The global model, the generator, whether it has trained, its labels, its optimiser."""
+
+    weights: Weights
+    gen: Weights
+    trained: bool
+    labels: Tensor
+    gen_opt: NotRequired[dict[str, Any]]  # torch.optim.Adam.state_dict()
 
 
 class Generator(nn.Module):
@@ -128,6 +152,10 @@ class FedGen(Algorithm):
     release = None
     release_refusal = "its upload carries the client's label counts, with no clipping defined"
     description = "FedGen (Zhu et al. 2021): FedAvg + a server generator of latent features"
+    payload = FedGenPayload
+    upload = FedGenUpload
+    state = Empty
+    server = FedGenServer
 
     class Params(Algorithm.Params):
         hidden: int = param(32, "pFedSim App. A.5", gt=0)
@@ -156,6 +184,8 @@ class FedGen(Algorithm):
             "eval", "pflkit (frozen generator); train: FL-bench src/client/fedgen.py l. 45"
         )
 
+    params: Params
+
     def generator(self, env: ServerEnv | ClientEnv, weights: Mapping | None = None) -> Generator:
         p = self.params
         latent = env.model().feature_dim
@@ -165,7 +195,7 @@ class FedGen(Algorithm):
             gen.load_state_dict(weights)
         return gen.to(env.device)
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> FedGenServer:
         p = self.params
         with torch.device("cpu"):
             gen = Generator(p.noise_dim, env.num_classes, p.hidden, env.model().feature_dim)
@@ -181,7 +211,7 @@ class FedGen(Algorithm):
             return {"weights": server["weights"]}
         return {"weights": server["weights"], "gen": server["gen"], "labels": server["labels"]}
 
-    def local_loss(self, env: ClientEnv, payload: Payload, rnd: int):
+    def local_loss(self, env: ClientEnv, payload: FedGenPayload, rnd: int) -> LossFn:
         p = self.params
         gen = self.generator(env, payload["gen"]).train(p.client_gen_mode == "train")
         labels = payload["labels"]
@@ -205,7 +235,9 @@ class FedGen(Algorithm):
 
         return loss_fn
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: FedGenPayload, state: Empty, ctx: RoundContext
+    ) -> Update:
         loss_fn = self.local_loss(env, payload, ctx.round) if "gen" in payload else cross_entropy
         weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn)
         counts = torch.bincount(env.data.train_y, minlength=env.num_classes).double()

@@ -48,11 +48,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflkit.algorithms.base import Payload, param, register
+from pflkit.algorithms.base import param, register
 from pflkit.algorithms.blocks.hpm import mmd_loss
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.primitives.training import LossFn, cross_entropy, set_weights
 
 GLOBAL_SLOT = "fedmmd_global"
@@ -83,10 +84,12 @@ class FedMMD(FedAvg):
         kernels: int = param(5, "MAP code (mmd_rbf_noaccelerate)", ge=1)
         kernel_mul: float = param(2.0, "MAP code (mmd_rbf_noaccelerate)", gt=0)
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
 
-    def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
+    def local_objective(self, env: ClientEnv, payload: WeightsPayload) -> LossFn:
         p = self.params
         if p.lam == 0:
             return cross_entropy

@@ -66,7 +66,7 @@ Options and deviations:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 from torch import nn
@@ -86,6 +86,7 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload, WeightsServer
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     Weights,
@@ -94,6 +95,28 @@ from pflkit.primitives.training import (
     set_weights,
     steps_per_epoch,
 )
+
+
+class FedNovaUpload(Upload):
+    """The normalised update d_i, its norm a_i, the buffers, and the steps (code variant)."""
+
+    d: Weights
+    a: float
+    buffers: Weights
+    steps: NotRequired[int]
+
+
+class FedNovaState(TypedDict):
+    """The trained model, kept for MAP's protocol (``eval.selected_clients``) only."""
+
+    weights: NotRequired[Weights]
+
+
+class FedNovaServer(WeightsServer):
+    """The global model, and the server momentum when ``gmf`` > 0."""
+
+    momentum: NotRequired[Weights]
+
 
 Variant = Literal["paper", "code"]
 
@@ -120,7 +143,7 @@ def nova_norm(steps: int, momentum: float = 0.0, eta_mu: float = 0.0, variant: V
 
 def nova_server_step(
     x: Weights,
-    uploads: Mapping[int, Upload],
+    uploads: Mapping[int, FedNovaUpload],
     *,
     uniform: bool,
     gmf: float = 0.0,
@@ -131,7 +154,7 @@ def nova_server_step(
     [, "steps"]}``: tau_eff = sum_i p_i a_i (or sum_i p_i tau_i for ``tau_eff_from="steps"``),
     Delta = tau_eff sum_i p_i d_i, then x - Delta, or x - M with M = gmf M + Delta. Returns
     (new x, new M or None)."""
-    ups = list(uploads.values())
+    ups: list[Mapping[str, Any]] = list(uploads.values())  # read by the key ``key``
     w = [1.0 if uniform else float(u["num_samples"]) for u in ups]
     total = sum(w)
     p = [wi / total for wi in w]
@@ -161,6 +184,9 @@ class FedNova(FedAvg):
         "FedNova (Wang et al. 2020): local updates normalised by their step counts, "
         "rescaled by the effective number of steps"
     )
+    upload = FedNovaUpload
+    state = FedNovaState
+    server = FedNovaServer
 
     class Params(FedAvg.Params):  # weighting: samples (paper p_i); uniform (MAP code)
         gmf: float = param(
@@ -168,6 +194,8 @@ class FedNova(FedAvg):
         )
         prox_mu: float = param(0.0, "paper (plain SGD); MAP code grid {1e-4, 1e-3, 1e-2}", ge=0)
         variant: Variant = param("paper", "paper; code: the FedNova/MAP code's prox handling")
+
+    params: Params
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
@@ -178,9 +206,9 @@ class FedNova(FedAvg):
                 f"{opt!r}: set train.optimizer: sgd"
             )
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> FedNovaServer:
         weights = env.init_weights()
-        server: State = {"weights": weights}
+        server: FedNovaServer = {"weights": weights}
         if self.params.gmf > 0:
             server["momentum"] = {
                 k: torch.zeros_like(weights[k]) for k, _ in env.model().named_parameters()
@@ -193,7 +221,9 @@ class FedNova(FedAvg):
         per_epoch = steps_per_epoch(env.num_train, t.batch_size, ctx.drop_last)
         return ctx.work_steps(t.local_epochs * per_epoch)
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: FedNovaState, ctx: RoundContext
+    ) -> Update:
         p, t = self.params, env.run.train
         x = payload["weights"]
         model = env.model()
@@ -209,7 +239,7 @@ class FedNova(FedAvg):
         a = nova_norm(steps, t.momentum, eta * p.prox_mu, p.variant)
         params = dict(model.named_parameters())
         d = {k: (x[k] - trained[k]) / a if a else torch.zeros_like(x[k]) for k in params}
-        upload: Upload = {
+        upload: FedNovaUpload = {
             "d": d,
             "a": a,
             "buffers": {k: v for k, v in trained.items() if k not in params},

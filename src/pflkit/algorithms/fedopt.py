@@ -52,8 +52,8 @@ beta2 0.999; not in its grid) is not reproduced.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 
@@ -61,7 +61,20 @@ from pflkit.algorithms.base import ServerContext, State, param, register, weight
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsServer
 from pflkit.primitives.training import Weights
+
+
+class FedOptMoments(TypedDict):
+    """The server optimiser's state: m, and v for the adaptive ones."""
+
+    m: Weights
+    v: NotRequired[Weights]
+
+
+class FedOptServer(WeightsServer, FedOptMoments):
+    """The global model and the server optimiser's state."""
+
 
 ServerOpt = Literal["sgdm", "adagrad", "adam", "yogi"]
 
@@ -69,10 +82,12 @@ ServerOpt = Literal["sgdm", "adagrad", "adam", "yogi"]
 DEFAULT_SERVER_LR: dict[str, float] = {"sgdm": 1.0, "adagrad": 1e-1, "adam": 1e-2, "yogi": 1e-2}
 
 
-def fedopt_state(weights: Weights, param_keys, server_opt: str, v_init: float) -> State:
+def fedopt_state(
+    weights: Weights, param_keys: Iterable[str], server_opt: str, v_init: float
+) -> FedOptMoments:
     """The server optimiser's initial state for the parameters ``param_keys`` of ``weights``:
     ``m`` = 0 and, for the adaptive optimisers, ``v`` = ``v_init`` (plain tensors)."""
-    state: State = {"m": {k: torch.zeros_like(weights[k]) for k in param_keys}}
+    state: FedOptMoments = {"m": {k: torch.zeros_like(weights[k]) for k in param_keys}}
     if server_opt != "sgdm":
         state["v"] = {k: torch.full_like(weights[k], v_init) for k in param_keys}
     return state
@@ -125,6 +140,7 @@ class FedOpt(FedAvg):
         "FedOpt (Reddi et al. 2021): FedAvg clients, a server optimiser (SGD with momentum = "
         "FedAvgM, Adagrad, Adam, Yogi) on the averaged update"
     )
+    server = FedOptServer
 
     class Params(FedAvg.Params):
         server_opt: ServerOpt = param(
@@ -141,6 +157,8 @@ class FedOpt(FedAvg):
         tau: float = param(1e-3, "paper (adaptivity)", gt=0)
         v_init: float | None = param(None, "paper Alg. 2 (None: tau^2)", ge=0)
 
+    params: Params
+
     @property
     def server_lr(self) -> float:
         p = self.params
@@ -149,7 +167,7 @@ class FedOpt(FedAvg):
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> FedOptServer:
         p = self.params
         weights = env.init_weights()
         keys = [k for k, _ in env.model().named_parameters()]

@@ -31,7 +31,7 @@ round's download rather than its last trained model.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NotRequired
 
 from torch import nn
 
@@ -45,10 +45,17 @@ from pflkit.algorithms.base import (
     param,
     register,
 )
-from pflkit.algorithms.blocks.hpm import HPMParams, personalize
+from pflkit.algorithms.blocks.hpm import HPMParams, HPMState, personalize
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.primitives.training import get_weights, set_weights
+from pflkit.algorithms.records import WeightsPayload
+from pflkit.primitives.training import Weights, get_weights, set_weights
+
+
+class FedPHPState(HPMState):
+    """The HPM, and the model trained this round (``personal: trained``)."""
+
+    weights: NotRequired[Weights]
 
 
 @register
@@ -56,13 +63,18 @@ class FedPHP(FedAvg):
     name = "fedphp"
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     description = "FedPHP (Li et al. 2021): fine-tune with KD/MMD from an inherited private model"
+    state = FedPHPState
 
     class Params(FedAvg.Params, HPMParams):
         personal: Literal["hpm", "trained"] = param(
             "hpm", "paper (the HPM); trained: PFLlib serverphp.py lines 28-34"
         )
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    params: Params
+
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: FedPHPState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         set_weights(model, payload["weights"])
         state, loss = personalize(env, model, state, self.params, ctx)

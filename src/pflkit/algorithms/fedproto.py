@@ -68,7 +68,7 @@ short batch is used).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import ClassVar, Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -88,14 +88,37 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.blocks.split import common_init
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import Empty
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
 from pflkit.primitives.training import (
     LossFn,
+    Weights,
     get_weights,
     set_weights,
     steps_per_epoch,
 )
+
+
+class Prototypes(TypedDict):
+    """Class prototypes: the classes that have one (int64 [K]) and their prototypes [K, d]."""
+
+    classes: Tensor
+    protos: Tensor
+
+
+class FedProtoUpload(Prototypes):
+    """The client's prototypes, and their sample counts (``proto_agg: weighted``)."""
+
+    counts: NotRequired[Tensor]
+
+
+class FedProtoState(TypedDict):
+    """The client's model, and its last uploaded prototypes."""
+
+    weights: Weights
+    protos: NotRequired[Prototypes]
+
 
 Reg = Literal["class_mean_l2", "sample_mse"]
 ProtoSet = dict[str, Tensor]  # {"classes": int64 [K], "protos": float [K, d]}
@@ -300,6 +323,10 @@ class FedProto(Algorithm):
         "FedProto (Tan et al. 2022): clients share class prototypes only (any architecture "
         "with one feature size); local CE + lam * distance to the global prototypes"
     )
+    payload = Empty | Prototypes
+    upload = FedProtoUpload
+    state: ClassVar[object] = FedProtoState
+    server = Empty | Prototypes
 
     class Params(Algorithm.Params):
         lam: float = param(1.0, "FedProto paper (1 on MNIST and FEMNIST, set for sample_mse)", ge=0)
@@ -319,14 +346,16 @@ class FedProto(Algorithm):
             False, "pFedPM (all classes with a prototype); true: FedProto code's proto accuracy"
         )
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         require_same_feature_dim(env, self.name)
 
     # -- state ----------------------------------------------------------------------------------
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> Empty | Prototypes:
         return {}  # no global prototype yet
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> FedProtoState:
         return {"weights": common_init(env)}
 
     # -- one round ------------------------------------------------------------------------------
@@ -336,7 +365,7 @@ class FedProto(Algorithm):
         return {"classes": server["classes"], "protos": server["protos"]}
 
     def targets(
-        self, env: ClientEnv, payload: Payload, state: State, d: int
+        self, env: ClientEnv, payload: Empty | Prototypes, state: FedProtoState, d: int
     ) -> tuple[Tensor, Tensor]:
         """The regulariser's targets as a dense table and mask: the global prototypes."""
         return proto_table(payload, env.num_classes, d, env.device)
@@ -367,7 +396,9 @@ class FedProto(Algorithm):
         counts = torch.bincount(data.train_y, minlength=env.num_classes)[classes]
         return classes, protos, counts
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: Empty | Prototypes, state: FedProtoState, ctx: RoundContext
+    ) -> Update:
         p, t = self.params, env.run.train
         model = env.model()
         set_weights(model, state["weights"])
@@ -384,14 +415,14 @@ class FedProto(Algorithm):
         loss_fn = prototype_loss(targets, has, p.lam, p.reg, running)
         loss, extra, metrics = self.local_train(env, model, loss_fn, targets, has, state, ctx)
         classes, protos, counts = self.local_prototypes(env, model, running)
-        upload: Upload = {"classes": classes, "protos": protos.detach().clone()}
+        upload: FedProtoUpload = {"classes": classes, "protos": protos.detach().clone()}
         if p.proto_agg == "weighted":
             upload["counts"] = counts
         new_state = {**state, **extra, "weights": get_weights(model)}
         new_state.update(self.keep_local(upload))
         return Update(upload, new_state, {"train_loss": loss, **metrics})
 
-    def keep_local(self, upload: Upload) -> State:
+    def keep_local(self, upload: FedProtoUpload) -> dict[str, dict[str, Tensor]]:
         """The client keeps its last uploaded prototypes (client state ``protos``; pFedPM's
         ``C_prev``)."""
         return {"protos": {k: upload[k].clone() for k in ("classes", "protos")}}

@@ -15,9 +15,10 @@ pFedSim App. A.5: mu = 1).
 
 from __future__ import annotations
 
-from pflkit.algorithms.base import Payload, param, register
+from pflkit.algorithms.base import param, register
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.primitives.training import LossFn, proximal_loss
 
 
@@ -31,5 +32,7 @@ class FedProx(FedAvg):
     class Params(FedAvg.Params):
         mu: float = param(0.01, "our pick from the paper's grid {0.001, 0.01, 0.1, 1}", ge=0)
 
-    def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
+    params: Params
+
+    def local_objective(self, env: ClientEnv, payload: WeightsPayload) -> LossFn:
         return proximal_loss(payload["weights"], self.params.mu)

@@ -63,6 +63,8 @@ class FedRep(SplitBody):
                 raise ValueError("head_epochs and body_epochs cannot both be 0")
             return self
 
+    params: Params
+
     def local_train(self, env: ClientEnv, model: PFLModel, ctx: RoundContext) -> float:
         p = self.params
         body_epochs = env.run.train.local_epochs if p.body_epochs is None else p.body_epochs

@@ -29,7 +29,7 @@ not say). The hypernetwork P-head of FedRoD's Sec. 4.3 is not implemented.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypedDict
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -48,6 +48,7 @@ from pflkit.algorithms.blocks.rs import class_counts
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload, WeightsServer
 from pflkit.models import PFLModel
 from pflkit.primitives.training import (
     LossFn,
@@ -58,6 +59,13 @@ from pflkit.primitives.training import (
     set_weights,
     unprefixed,
 )
+
+
+class FedRoDState(TypedDict):
+    """The client's personalized head."""
+
+    phead: Weights
+
 
 Variant = Literal["paper", "map_code"]
 P_SLOT = "fedrod_phead"
@@ -106,6 +114,7 @@ class FedRoD(FedAvg):
     name = "fedrod"
     private = ("phead",)
     description = "FedRoD (Chen & Chao 2022): generic head (balanced softmax) + private head"
+    state = FedRoDState
 
     class Params(FedAvg.Params):
         variant: Variant = param("paper", "paper (BSM, sum of heads); map_code: MAP authors'")
@@ -113,13 +122,15 @@ class FedRoD(FedAvg):
             1.0, "our pick from the MAP code grid {1, 0.5, 0.25} (map_code only)", gt=0
         )
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name)
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> WeightsServer:
         return {"weights": common_init(env)}
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> FedRoDState:
         return {"phead": group(env.model(), common_init(env), "head")}
 
     def _phead(self, env: ClientEnv, head: Weights) -> nn.Module:
@@ -127,7 +138,9 @@ class FedRoD(FedAvg):
         pmodel.head.load_state_dict(unprefixed(head, "head."))
         return pmodel.head
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: FedRoDState, ctx: RoundContext
+    ) -> Update:
         p = self.params
         model = env.model()
         set_weights(model, payload["weights"])

@@ -27,3 +27,5 @@ class FedRS(RestrictedSoftmax, FedAvg):
 
     class Params(FedAvg.Params, RSParams):
         pass
+
+    params: Params

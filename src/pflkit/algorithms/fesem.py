@@ -60,7 +60,7 @@ Momentum and weight decay are the config's (``train.*``), as for FedAvg.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -82,8 +82,24 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import Weights
+
+
+class FeSEMState(TypedDict):
+    """The client's last local model (``personal: local`` or MAP's protocol)."""
+
+    weights: NotRequired[Weights]
+
+
+class FeSEMServer(TypedDict):
+    """w^0, the cluster centers, and each client's cluster."""
+
+    weights: Weights
+    centers: dict[int, Weights]
+    assign: dict[int, int]
+
 
 CenterInit = Literal["clients", "random"]
 _INIT_DRAW = 0xFE5E  # key of the generator that draws the initial centres' clients
@@ -137,12 +153,16 @@ class FeSEM(FedAvg):
         "FeSEM (Xie, Long et al. 2020): K centre models; clients join the nearest centre "
         "(E-step), centres average their members (M-step)"
     )
+    state = FeSEMState
+    server = FeSEMServer
 
     class Params(FedAvg.Params):
         num_clusters: int = param(2, "FedProto code's SEM helper (lib/utils.py:147, k = 2)", ge=1)
         init: CenterInit = param("clients", "pflkit (k-means' start; random: FlexCFL code)")
         personal: Literal["center", "local"] = param("center", "paper (the cluster model)")
         weighting: Weighting = param("uniform", "paper (M-step: mean of the members)")
+
+    params: Params
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
@@ -154,7 +174,7 @@ class FeSEM(FedAvg):
             )
 
     # -- state ----------------------------------------------------------------------------------
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> FeSEMServer:
         centers: dict[int, Weights] = {}
         if self.params.init == "random":
             for k in range(self.params.num_clusters):
@@ -172,7 +192,9 @@ class FeSEM(FedAvg):
     def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return {"weights": self.center_of(server, cid)}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: FeSEMState, ctx: RoundContext
+    ) -> Update:
         update = super().client_update(env, payload, state, ctx)
         if self.params.personal == "local" or env.run.selected_eval:
             return Update(

@@ -55,7 +55,7 @@ gate together, as the code does); its 5-round learning-rate warm-up is not repro
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,7 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.models import PFLModel
 from pflkit.primitives.training import (
     LossFn,
@@ -81,6 +82,14 @@ from pflkit.primitives.training import (
     get_weights,
     set_weights,
 )
+
+
+class FLDAState(TypedDict):
+    """The client's private model and its gate (from its first round on)."""
+
+    private: NotRequired[Weights]
+    gate: NotRequired[dict[str, Tensor]]  # {"weight", "bias"}
+
 
 Variant = Literal["paper", "map_code"]
 P_SLOT = "flda_private"
@@ -148,11 +157,14 @@ class FLDA(FedAvg):
     name = "flda"
     private = ("private",)
     description = "FLDA (Peterson et al. 2019): FedAvg model + private model, mixed by a gate"
+    state = FLDAState
 
     class Params(FedAvg.Params):
         variant: Variant = param(
             "paper", "our reading of the paper (gate on x, mixed probabilities); map_code: MAP code"
         )
+
+    params: Params
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages its shared global model")
@@ -174,7 +186,9 @@ class FLDA(FedAvg):
         return {"weight": w[:d].to(env.device), "bias": w[d:].to(env.device)}
 
     # -- one round -------------------------------------------------------------------------------
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: FLDAState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         set_weights(model, payload["weights"])
         pmodel = env.model(P_SLOT)

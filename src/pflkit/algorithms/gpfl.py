@@ -54,7 +54,8 @@ regulariser).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +79,34 @@ from pflkit.algorithms.blocks.split import common_init, common_seed, require_hom
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.models import PFLModel
 from pflkit.primitives.training import GradHook, Weights, get_weights, group, set_weights
+
+
+class GPFLPayload(TypedDict):
+    """The shared parts: the body, the CoV's and the GCE's table."""
+
+    shared: Weights
+
+
+class GPFLUpload(Upload):
+    """The trained shared parts and the sample count."""
+
+    shared: Weights
+
+
+class GPFLState(TypedDict):
+    """The client's head, its class distribution alpha, and its last table
+    (``cond_source: local_previous``)."""
+
+    head: Weights
+    alpha: Tensor
+    table: NotRequired[Tensor]
+
+
+class GPFLServer(TypedDict):
+    """The global shared parts."""
+
+    shared: Weights
+
 
 TABLE = "gce.table"
 ROUTES = ("gamma", "beta")
@@ -207,6 +236,10 @@ class GPFL(Algorithm):
     secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     private = ("head",)
     description = "GPFL (Zhang et al. 2023): CoV + global category embeddings, private head"
+    payload = GPFLPayload
+    upload = GPFLUpload
+    state = GPFLState
+    server = GPFLServer
 
     class Params(Algorithm.Params):
         lam: float = param(0.01, "authors' run_me.sh (CNN), set for mlg: batch_frobenius", ge=0)
@@ -229,11 +262,13 @@ class GPFL(Algorithm):
         use_gce: bool = param(True, "paper (false: Table 6 'w/o GCE')")
         weighting: Weighting = param("samples", "paper (Alg. 1: n_i weights)")
 
+    params: Params
+
     # -- state -----------------------------------------------------------------------------
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name)
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> GPFLServer:
         model = env.model()
         shared = group(model, common_init(env), "body")
         gen = torch.Generator().manual_seed(common_seed(env.run.seed, 1))
@@ -244,7 +279,7 @@ class GPFL(Algorithm):
             shared[TABLE] = torch.randn(u, k, generator=gen, device="cpu").to(env.device)
         return {"shared": shared}
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> GPFLState:
         counts = class_counts(env.data.train_y, env.num_classes)
         return {
             "head": group(env.model(), common_init(env), "head"),
@@ -265,7 +300,7 @@ class GPFL(Algorithm):
         b, a = torch.randn(2, k, generator=gen, device="cpu").to(env.device)
         return b, a
 
-    def _inputs(self, env: ClientEnv, shared: Weights, state: State, k: int):
+    def _inputs(self, env: ClientEnv, shared: Weights, state: Mapping[str, Any], k: int):
         """(g, p) for this round (training) or for scoring with ``shared``."""
         p = self.params
         if not (p.use_pci and p.use_gce):
@@ -279,7 +314,9 @@ class GPFL(Algorithm):
         return cond_inputs(table, state["alpha"], p.pci_form)
 
     # -- local training ----------------------------------------------------------------------
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: GPFLPayload, state: GPFLState, ctx: RoundContext
+    ) -> Update:
         p = self.params
         shared = payload["shared"]
         model = env.model()

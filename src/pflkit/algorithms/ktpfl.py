@@ -83,7 +83,7 @@ same way. Clients are scored with their model after local training.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +103,8 @@ from pflkit.algorithms.base import (
     register,
 )
 from pflkit.algorithms.blocks.distill import (
+    KDServer,
+    ShareUpload,
     SoftTeacherKD,
     project_simplex,
     public_indices,
@@ -113,8 +115,50 @@ from pflkit.algorithms.blocks.distill import (
 )
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import Empty, WeightsUpload
 from pflkit.primitives.training import Weights, get_weights, set_weights
 from pflkit.primitives.tree import weighted_sum
+
+
+class KTpFLReupload(TypedDict):
+    """Phase ``distill`` with ``coef_timing: after_distill_reupload``: soft predictions again."""
+
+    soft: Tensor
+
+
+class KTpFLServer(KDServer):
+    """SoftTeacherKD's server state and the self mass of c after each of its updates."""
+
+    c_self_mass: list[float]
+
+
+class KTpFLHomoPayload(TypedDict):
+    """The client's personalised mix (or w^0), and the round's public subset."""
+
+    weights: Weights
+    public_idx: NotRequired[Tensor]
+
+
+class KTpFLHomoUpload(WeightsUpload):
+    """The trained model and its soft predictions on the public subset."""
+
+    soft: Tensor
+
+
+class KTpFLHomoState(TypedDict):
+    """The client's model after its last local training."""
+
+    weights: NotRequired[Weights]
+
+
+class KTpFLHomoServer(TypedDict):
+    """c, w^0, each client's personalised mix and the self mass of c after each update."""
+
+    c: Tensor
+    weights: Weights
+    personal: dict[int, Weights]
+    c_self_mass: list[float]
+
 
 EPS = 1e-12
 
@@ -256,6 +300,8 @@ class KTpFL(SoftTeacherKD):
         "coefficient matrix c mixes them into per-client teachers; heterogeneous models"
     )
     default_order = "train_then_distill"
+    upload = ShareUpload | KTpFLReupload | Empty
+    server = KTpFLServer
 
     class Params(SoftTeacherKD.Params, CoefParams):
         temperature: float = param(
@@ -265,7 +311,9 @@ class KTpFL(SoftTeacherKD):
             "after_distill_reuse_uploads", "after_distill_reupload", "before_mix"
         ] = param("after_distill_reuse_uploads", "paper (Alg. 1); before_mix: authors' code")
 
-    def server_init(self, env: ServerEnv) -> State:
+    params: Params
+
+    def server_init(self, env: ServerEnv) -> KTpFLServer:
         c = initial_c(env.num_clients, self.params, env.device)
         return {**super().server_init(env), "c": c, "c_self_mass": []}
 
@@ -280,7 +328,7 @@ class KTpFL(SoftTeacherKD):
             return self._update_c(server, server["soft"])
         return server
 
-    def distill_upload(self, model, x) -> Upload:
+    def distill_upload(self, model: nn.Module, x: Tensor) -> KTpFLReupload | Empty:
         if self.params.coef_timing == "after_distill_reupload":
             return {"soft": soft_predictions(model, x, self.params.temperature)}
         return {}
@@ -316,6 +364,10 @@ class KTpFLHomo(Algorithm):
         "KT-pFL, homogeneous variant (Table 2): the learned matrix c mixes client parameters "
         "into one personalised model per client (inferred design: App. C is missing)"
     )
+    payload = KTpFLHomoPayload
+    upload = KTpFLHomoUpload
+    state = KTpFLHomoState
+    server = KTpFLHomoServer
 
     class Params(Algorithm.Params, CoefParams):
         temperature: float = param(
@@ -323,11 +375,13 @@ class KTpFLHomo(Algorithm):
         )
         public_per_round: int | None = param(None, "paper (None: the whole public set)", gt=0)
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         require_public(env, self.name, self.params.public_per_round)
         require_homogeneous(env, self.name, "averages parameters", instead="ktpfl")
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> KTpFLHomoServer:
         n = env.num_clients
         return {
             "c": initial_c(n, self.params, env.device),
@@ -343,7 +397,9 @@ class KTpFLHomo(Algorithm):
             payload["public_idx"] = idx
         return payload
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: KTpFLHomoPayload, state: KTpFLHomoState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         set_weights(model, payload["weights"])
         loss = env.train(model, ctx)

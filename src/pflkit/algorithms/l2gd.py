@@ -69,7 +69,7 @@ x_i after the round's pull (also under MAP's selected-clients protocol).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
@@ -92,8 +92,29 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import Empty, WeightsServer, WeightsUpload
 from pflkit.errors import PflkitError
+from pflkit.primitives.training import Weights
 from pflkit.primitives.tree import interpolate
+
+
+class L2GDLocalPayload(TypedDict):
+    """Phase ``local``: the number of clients n (when ``eta`` sets the local step)."""
+
+    num_clients: NotRequired[int]
+
+
+class L2GDPullPayload(L2GDLocalPayload):
+    """Phase ``pull``: the global mean x-bar too."""
+
+    weights: Weights
+
+
+class L2GDState(TypedDict):
+    """The client's local model x_i."""
+
+    weights: Weights
+
 
 _COIN = 0x12C0  # key of the round's coin-run generator
 
@@ -128,6 +149,9 @@ class L2GD(FedAvg):
         "L2GD (Hanzely & Richtárik 2020): private models, geometric runs of local steps, "
         "pulled toward their average with probability p"
     )
+    payload = L2GDLocalPayload | L2GDPullPayload
+    upload = WeightsUpload | Empty
+    state = L2GDState
 
     class Params(FedAvg.Params):
         lam: float = param(1.0, "pflkit (paper's experiments not consulted)", ge=0)
@@ -137,6 +161,8 @@ class L2GD(FedAvg):
         pulls: Literal["geometric", "one"] = param("geometric", "paper (Alg. 1)")
         momentum: bool = param(False, "paper (plain gradient steps)")
         weighting: Weighting = param("uniform", "paper (x_bar = (1/n) sum_i x_i)")
+
+    params: Params
 
     def phases(self, rnd: int):
         return ("local", "pull")
@@ -167,10 +193,10 @@ class L2GD(FedAvg):
             )
 
     # -- state ----------------------------------------------------------------------------------
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> WeightsServer:
         return {"weights": common_init(env)}
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> L2GDState:
         return {"weights": common_init(env)}
 
     # -- one exchange ---------------------------------------------------------------------------
@@ -178,13 +204,19 @@ class L2GD(FedAvg):
         n = {} if self.params.eta is None else {"num_clients": env.num_clients}
         return {"weights": server["weights"], **n} if ctx.phase == "pull" else n
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(  # type: ignore[override]  # its payload has keys FedAvg's lacks
+        self,
+        env: ClientEnv,
+        payload: L2GDLocalPayload | L2GDPullPayload,
+        state: L2GDState,
+        ctx: RoundContext,
+    ) -> Update:
         p, t = self.params, env.run.train
         n = payload.get("num_clients")
         if ctx.phase == "pull":
             steps = 1 if p.pulls == "one" else coin_runs(env.run.seed, ctx.round, p.p)[1]
             c = self.pull_coefficient(t.lr, n) * ctx.lr_factor
-            x = pull(state["weights"], payload["weights"], c, steps)
+            x = pull(state["weights"], cast(L2GDPullPayload, payload)["weights"], c, steps)
             return Update({}, {**state, "weights": x})
         overrides = {"lr": self.local_lr(t.lr, n)}
         if p.local_steps == "geometric":

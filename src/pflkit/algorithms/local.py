@@ -8,6 +8,8 @@ clients train for the configured local epochs.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from torch import nn
 
 from pflkit.algorithms.base import (
@@ -23,6 +25,14 @@ from pflkit.algorithms.base import (
     train_from,
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import Empty
+from pflkit.primitives.training import Weights
+
+
+class LocalState(TypedDict):
+    """The client's own model."""
+
+    weights: Weights
 
 
 @register
@@ -33,17 +43,23 @@ class Local(Algorithm):
     release = {}  # nothing leaves the client
     vectorize = True  # engine.vectorize covers its local work
     description = "Local training only: every client trains its own model, no communication"
+    payload = Empty
+    upload = Empty
+    state = LocalState
+    server = Empty
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> Empty:
         return {}
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> LocalState:
         return {"weights": env.init_weights()}
 
     def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return {}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: Empty, state: LocalState, ctx: RoundContext
+    ) -> Update:
         weights, loss = train_from(env, state["weights"], ctx)
         return Update({}, {"weights": weights}, {"train_loss": loss})
 

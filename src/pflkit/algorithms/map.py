@@ -42,6 +42,9 @@ HPM starts as the result (§8.4). The code's gradient clipping at norm 100
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 from torch import nn
 
 from pflkit.algorithms.base import (
@@ -56,19 +59,28 @@ from pflkit.algorithms.base import (
     param,
     register,
 )
-from pflkit.algorithms.blocks.hpm import HPMParams, personalize
+from pflkit.algorithms.blocks.hpm import HPMParams, HPMState, personalize
 from pflkit.algorithms.blocks.rs import RestrictedSoftmax, RSParams
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.algorithms.scaffold import (
     ControlScale,
+    ControlState,
+    ScaffoldPayload,
+    ScaffoldServer,
     ScaffoldServerParams,
+    ScaffoldUpload,
     scaffold_aggregate,
     scaffold_client_step,
     scaffold_payload,
     scaffold_server_init,
 )
 from pflkit.primitives.training import get_weights, set_weights, steps_per_epoch
+
+
+class ScaMAPState(HPMState, ControlState):
+    """MAP's state and SCAFFOLD's control variate c_i."""
 
 
 class MAPParams(FedAvg.Params, RSParams, HPMParams):
@@ -85,6 +97,8 @@ class MAP(RestrictedSoftmax, FedAvg):
     description = "MAP (Li et al. 2024): restricted-softmax stage A uploaded + HPM stage B kept"
 
     Params = MAPParams
+    params: MAPParams
+    state: ClassVar[object] = HPMState
 
     def stage_steps(self, env: ClientEnv, ctx: RoundContext) -> tuple[int, int]:
         t = env.run.train
@@ -94,13 +108,21 @@ class MAP(RestrictedSoftmax, FedAvg):
         return total, max(int(self.params.stage_b_fraction * total), 5)
 
     def stage_a(
-        self, env: ClientEnv, model, payload: Payload, state: State, ctx: RoundContext, steps: int
-    ):
+        self,
+        env: ClientEnv,
+        model: nn.Module,
+        payload: WeightsPayload,
+        state: HPMState,
+        ctx: RoundContext,
+        steps: int,
+    ) -> tuple[Mapping[str, object], HPMState, float]:
         """Train ``model`` (holding the download) for stage A; return (upload, state, loss)."""
         loss = env.train(model, ctx, loss_fn=self.local_objective(env, payload), steps=steps)
         return {"weights": get_weights(model), "num_samples": env.num_train}, state, loss
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: HPMState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         set_weights(model, payload["weights"])
         steps_a, steps_b = self.stage_steps(env, ctx)
@@ -130,6 +152,10 @@ class ScaMAP(MAP):
     release = {"delta_y": None, "delta_c": None}  # SCAFFOLD's stage A upload
     secagg = ("uniform",)  # its aggregate needs the plain sum, the mean only when uniform
     description = "ScaMAP (Li et al. 2024): MAP whose stage A is SCAFFOLD on the RS loss"
+    payload = ScaffoldPayload
+    upload = ScaffoldUpload
+    state = ScaMAPState
+    server = ScaffoldServer
 
     class Params(MAPParams, ScaffoldServerParams):
         # the authors' code (ScaMAP is defined only there): stage A all E epochs, stage B 20%
@@ -139,9 +165,11 @@ class ScaMAP(MAP):
         stage_b_lr_scale: float = param(0.5, "authors' code", gt=0)
         control_scale: ControlScale = param("code", "authors' code (no |S|/N factor)")
 
+    params: Params
+
     # SCAFFOLD's server side, called as SCAFFOLD's functions: (x, c) state and download, the
     # option-II server update
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> ScaffoldServer:
         return scaffold_server_init(env)
 
     def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
@@ -150,9 +178,15 @@ class ScaMAP(MAP):
     def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext):
         return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
-    def stage_a(
-        self, env: ClientEnv, model, payload: Payload, state: State, ctx: RoundContext, steps: int
-    ):
+    def stage_a(  # type: ignore[override]  # SCAFFOLD's payload and state
+        self,
+        env: ClientEnv,
+        model: nn.Module,
+        payload: ScaffoldPayload,
+        state: ScaMAPState,
+        ctx: RoundContext,
+        steps: int,
+    ) -> tuple[Mapping[str, object], ScaMAPState, float]:
         # SCAFFOLD's corrected steps train ``env.model()`` (= ``model``), which keeps y for
         # stage B
         step, upload = scaffold_client_step(

@@ -61,14 +61,13 @@ Deviations and choices:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import (
-    Payload,
     RoundContext,
     ServerContext,
     State,
@@ -80,7 +79,31 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsServer
 from pflkit.primitives.training import LossFn, Weights, set_weights
+
+
+class MOONPayload(TypedDict):
+    """The global model, and w^0 as the previous model of a client's first round
+    (``first_prev: initial``)."""
+
+    weights: Weights
+    init: NotRequired[Weights]
+
+
+class MOONState(TypedDict):
+    """The client's previous local model (from its first round on)."""
+
+    prev: NotRequired[Weights]
+
+
+class MOONServer(WeightsServer):
+    """The global model, and w^0 and the clients that have uploaded (``first_prev:
+    initial``)."""
+
+    init: NotRequired[Weights]
+    uploaded: NotRequired[list[int]]
+
 
 GLOBAL_SLOT = "moon_global"
 PREV_SLOT = "moon_prev"
@@ -124,6 +147,9 @@ class MOON(FedAvg):
     sample_dp_covered = True  # DP-SGD covers it (pflkit.privacy.dpsgd)
     secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     description = "MOON (Li et al. 2021): FedAvg + model-contrastive loss (global vs previous)"
+    payload = MOONPayload
+    state = MOONState
+    server = MOONServer
 
     class Params(FedAvg.Params):
         mu: float = param(1.0, "paper (1 for CIFAR-100/Tiny-ImageNet, 5 for CIFAR-10)", ge=0)
@@ -132,10 +158,12 @@ class MOON(FedAvg):
             "none", "official code (round 1: l_con = 0); initial: PFLlib clientmoon.py line 17"
         )
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name, "averages whole client models")
 
-    def moon_objective(self, env: ClientEnv, payload: Payload, prev: Weights | None) -> LossFn:
+    def moon_objective(self, env: ClientEnv, payload: MOONPayload, prev: Weights | None) -> LossFn:
         p = self.params
         global_model = env.model(GLOBAL_SLOT)
         set_weights(global_model, payload["weights"])
@@ -145,7 +173,7 @@ class MOON(FedAvg):
             set_weights(prev_model, prev)
         return moon_loss(global_model, prev_model, p.mu, p.tau)
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> MOONServer:
         server = super().server_init(env)
         if self.params.first_prev == "initial":  # the initial model, and who has uploaded since
             server["init"] = {k: v.clone() for k, v in server["weights"].items()}
@@ -164,7 +192,9 @@ class MOON(FedAvg):
             new["uploaded"] = sorted(set(server["uploaded"]) | set(uploads))
         return new
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(  # type: ignore[override]  # its payload has keys FedAvg's lacks
+        self, env: ClientEnv, payload: MOONPayload, state: MOONState, ctx: RoundContext
+    ) -> Update:
         prev = state.get("prev")
         if prev is None:
             prev = payload.get("init")  # first_prev: initial

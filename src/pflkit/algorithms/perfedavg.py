@@ -56,6 +56,7 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import Empty, WeightsPayload
 from pflkit.primitives.training import LossFn, cross_entropy
 
 
@@ -113,10 +114,14 @@ class PerFedAvg(FedAvg):
         delta: float = param(1e-3, "our choice (HF finite-difference step)", gt=0)
         weighting: Weighting = param("uniform", "paper (Alg. 1: 1/(rn) sum)")
 
+    params: Params
+
     def _alpha(self, env: ClientEnv) -> float:
         return self.params.alpha or env.run.train.lr
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: Empty, ctx: RoundContext
+    ) -> Update:
         p, t = self.params, env.run.train
         k = 2 if p.variant == "fo" else 3
         weights, loss = train_from(

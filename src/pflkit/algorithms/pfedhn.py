@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -77,10 +78,38 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import Weights, get_weights, set_weights, steps_per_epoch
 
 Phi = dict  # {"mlp": [{"weight", "bias"}, ...], "heads": {target key: {"weight", "bias"}}}
+
+
+class PFedHNUpload(TypedDict):
+    """Delta theta: the trained model less the generated one."""
+
+    delta: Weights
+
+
+class PFedHNState(TypedDict):
+    """The trained model, kept for MAP's protocol (``eval.selected_clients``) only."""
+
+    weights: NotRequired[Weights]
+
+
+class PFedHNMomentum(TypedDict):
+    """The server optimiser's momentum of phi and of the embeddings."""
+
+    phi: Phi
+    embeddings: Tensor
+
+
+class PFedHNServer(TypedDict):
+    """The hypernetwork phi, the client embeddings and their momentum."""
+
+    phi: Phi
+    embeddings: Tensor
+    momentum: PFedHNMomentum
 
 
 # -- the hypernetwork as plain tensors -----------------------------------------------------------
@@ -188,6 +217,10 @@ class PFedHN(Algorithm):
         "pFedHN (Shamsian et al. 2021): a server hypernetwork generates each client's model "
         "from a learned client embedding"
     )
+    payload = WeightsPayload
+    upload = PFedHNUpload
+    state = PFedHNState
+    server = PFedHNServer
 
     class Params(Algorithm.Params):
         embed_dim: int | None = param(None, "official code (None: int(1 + N / 4))", ge=1)
@@ -201,6 +234,8 @@ class PFedHN(Algorithm):
         inner_steps: int | None = param(
             None, "pflkit (None: train.local_epochs epochs; official code: 50)", ge=1
         )
+
+    params: Params
 
     # -- helpers --------------------------------------------------------------------------------
     @staticmethod
@@ -219,7 +254,7 @@ class PFedHN(Algorithm):
                 "e.g. BatchNorm statistics): pick a model without BatchNorm"
             )
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> PFedHNServer:
         p, n = self.params, env.num_clients
         embed_dim = p.embed_dim or int(1 + n / 4)
         phi, emb = init_hypernet(
@@ -243,7 +278,9 @@ class PFedHN(Algorithm):
     def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return {"weights": self.generated(env, server, cid)}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: PFedHNState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         theta = payload["weights"]
         set_weights(model, theta)

@@ -49,7 +49,7 @@ Options for PFLlib's code (system/flcore, commit d832e76):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -70,13 +70,22 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
+from pflkit.algorithms.records import WeightsPayload
 from pflkit.primitives.training import (
     LossFn,
+    Weights,
     get_weights,
     set_weights,
     steps_per_epoch,
 )
 from pflkit.primitives.tree import convex_combination
+
+
+class PFedMeState(TypedDict):
+    """The client's personalized model theta_i (from its first round on)."""
+
+    personal: NotRequired[Weights]
+
 
 Params = dict[str, Tensor]
 
@@ -137,6 +146,7 @@ class PFedMe(FedAvg):
     secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     private = ("personal",)
     description = "pFedMe (T. Dinh et al. 2020): Moreau-envelope personalized models"
+    state = PFedMeState
 
     class Params(FedAvg.Params):
         lam: float = param(15.0, "authors' code README (MNIST)", gt=0)
@@ -152,7 +162,11 @@ class PFedMe(FedAvg):
             "personal", "paper (theta); global: PFLlib's 'personalized' accuracy (clientpFedMe.py)"
         )
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    params: Params
+
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: PFedMeState, ctx: RoundContext
+    ) -> Update:
         p, t = self.params, env.run.train
         model = env.model()
         set_weights(model, payload["weights"])

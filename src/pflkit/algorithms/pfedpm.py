@@ -79,7 +79,7 @@ every sample. Partial participation as in FedProto.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NotRequired, cast
 
 import torch
 from torch import Tensor, nn
@@ -98,18 +98,26 @@ from pflkit.algorithms.blocks.split import common_seed
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedproto import (
     FedProto,
+    FedProtoState,
     ProtoSet,
+    Prototypes,
     class_mask,
     proto_table,
     require_same_feature_dim,
     to_protoset,
 )
+from pflkit.algorithms.records import Empty
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
-from pflkit.primitives.training import (
-    LossFn,
-    make_optimizer,
-)
+from pflkit.primitives.training import LossFn, Weights, make_optimizer
+
+
+class PFedPMState(FedProtoState):
+    """FedProto's state, the relation module, and last round's anchors."""
+
+    relation: Weights
+    anchors: NotRequired[Prototypes]
+
 
 PAIR_CHUNK = 8192  # (sample, anchor) pairs scored at once at inference
 
@@ -246,6 +254,7 @@ class PFedPM(FedProto):
         "pFedPM (Xing et al. 2024): FedProto with mixed local/global anchors (a) and a private "
         "relation-module head; R-pFedPM = inference: relation"
     )
+    state = PFedPMState
 
     class Params(FedProto.Params):
         a: float = param(
@@ -263,6 +272,8 @@ class PFedPM(FedProto):
             "head", "paper Table I (first head); relation: Table II (R-pFedPM)"
         )
 
+    params: Params
+
     def check(self, env: ServerEnv) -> None:
         d = require_same_feature_dim(env, self.name)
         if self.params.relation == "conv" and d < 2:
@@ -274,8 +285,8 @@ class PFedPM(FedProto):
     def _relation(self, env: ClientEnv, d: int) -> RelationModule:
         return build_relation(self.params.relation, d, self.params.relation_hidden, env.device)
 
-    def client_init(self, env: ClientEnv) -> State:
-        state = super().client_init(env)
+    def client_init(self, env: ClientEnv) -> PFedPMState:
+        state = cast(PFedPMState, super().client_init(env))  # "relation" is set below
         d = env.model().feature_dim
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(common_seed(env.run.seed, 1))
@@ -285,7 +296,9 @@ class PFedPM(FedProto):
         return state
 
     # -- one round ------------------------------------------------------------------------------
-    def targets(self, env: ClientEnv, payload: Payload, state: State, d: int):
+    def targets(
+        self, env: ClientEnv, payload: Empty | Prototypes, state: FedProtoState, d: int
+    ) -> tuple[Tensor, Tensor]:
         """Eq. 8's anchors from last round's own prototypes and the downloaded global ones."""
         return mixed_anchors(
             state.get("protos"), payload, self.params.a, env.num_classes, d, env.device

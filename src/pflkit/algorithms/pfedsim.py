@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -74,10 +74,26 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import WeightsPayload, WeightsUpload
 from pflkit.errors import PflkitError
 from pflkit.primitives.bn import buffer_keys, merged, only, without
 from pflkit.primitives.training import Weights
 from pflkit.primitives.tree import weighted_sum
+
+
+class PFedSimState(TypedDict):
+    """The client's BatchNorm buffers (``bn_stats: local``)."""
+
+    buffers: NotRequired[Weights]
+
+
+class PFedSimServer(TypedDict):
+    """The global shared model, the similarities Phi and each client's last model."""
+
+    weights: Weights
+    phi: Tensor
+    personal: dict[int, Weights]
+
 
 SimReduce = Literal["per_class_log", "mean_then_log"]
 SelfWeight = Literal["paper", "code"]
@@ -146,6 +162,10 @@ class PFedSim(Algorithm):
         "pFedSim (Tan et al. 2023): FedAvg warm-up, then per-client extractors averaged by "
         "classifier similarity, private classifiers"
     )
+    payload = WeightsPayload
+    upload = WeightsUpload
+    state = PFedSimState
+    server = PFedSimServer
 
     class Params(Algorithm.Params):
         warmup_ratio: float = param(0.5, "paper (rho, App. A.5)", ge=0, le=1)
@@ -155,6 +175,8 @@ class PFedSim(Algorithm):
         cos_max: float = param(1 - 1e-6, "pflkit (keeps -log(1 - cos) finite)", gt=0, lt=1)
         bn_stats: BNStats = param("aggregate", "paper reading, FL-bench HEAD; local: 2023 code")
         weighting: Weighting = param("samples", "paper (Alg. 1: |D_i| weights)")
+
+    params: Params
 
     # -- helpers --------------------------------------------------------------------------------
     def t_g(self, env: ServerEnv | ClientEnv) -> int:
@@ -175,7 +197,7 @@ class PFedSim(Algorithm):
             )
 
     # -- state ----------------------------------------------------------------------------------
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> PFedSimServer:
         n = env.num_clients
         return {
             "weights": self.shared(env.model(), env.init_weights()),
@@ -184,7 +206,7 @@ class PFedSim(Algorithm):
             "personal": {},  # cid -> the client's last uploaded model (personalization phase)
         }
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> PFedSimState:
         if self.params.bn_stats == "local":
             model = env.model()
             return {"buffers": only(env.init_weights(), buffer_keys(model))}
@@ -206,7 +228,9 @@ class PFedSim(Algorithm):
         weights = {**mix(stored, w, body, own), **only(own, head)}
         return {"weights": {k: weights[k] for k in own}}
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: WeightsPayload, state: PFedSimState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         start = merged(model, payload["weights"], state.get("buffers", {}))
         weights, loss = train_from(env, start, ctx)

@@ -69,7 +69,7 @@ Deviations and options:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, NotRequired, TypedDict
 
 import torch
 from torch import nn
@@ -100,6 +100,40 @@ from pflkit.primitives.training import (
     steps_per_epoch,
 )
 
+
+class ScaffoldPayload(TypedDict):
+    """The global model x and the server control variate c."""
+
+    weights: Weights
+    control: Weights
+
+
+class ScaffoldUpload(Upload):
+    """Delta y (parameters and buffers) and Delta c (parameters)."""
+
+    delta_y: Weights
+    delta_c: Weights
+
+
+class ControlState(TypedDict):
+    """The client control variate c_i (from its first round on)."""
+
+    control: NotRequired[Weights]
+
+
+class ScaffoldState(ControlState):
+    """c_i, and the client's last local model y (``personal: local`` or MAP's protocol)."""
+
+    weights: NotRequired[Weights]
+
+
+class ScaffoldServer(TypedDict):
+    """x and c."""
+
+    weights: Weights
+    control: Weights
+
+
 ControlScale = Literal["paper", "code"]
 
 
@@ -118,7 +152,7 @@ def zero_control(model: torch.nn.Module) -> Weights:
     return {k: torch.zeros_like(p) for k, p in model.named_parameters()}
 
 
-def scaffold_server_init(env: ServerEnv) -> State:
+def scaffold_server_init(env: ServerEnv) -> ScaffoldServer:
     """x_0 (a fresh global model) and c = 0."""
     return {"weights": env.init_weights(), "control": zero_control(env.model())}
 
@@ -200,14 +234,14 @@ def scaffold_local_steps(
 
 def scaffold_client_step(
     env: ClientEnv,
-    payload: Payload,
-    state: State,
+    payload: ScaffoldPayload,
+    state: ControlState,
     ctx: RoundContext,
     loss_fn: LossFn,
     *,
     local_weight_decay: bool = True,
     steps: int | None = None,
-) -> tuple[ScaffoldStep, Upload]:
+) -> tuple[ScaffoldStep, ScaffoldUpload]:
     """The client's corrected steps from the download ``{weights, control}`` and its stored
     ``control``, and the upload they produce ``{delta_y, delta_c, num_samples}``."""
     step = scaffold_local_steps(
@@ -220,7 +254,11 @@ def scaffold_client_step(
         steps=steps,
         weight_decay=None if local_weight_decay else 0.0,
     )
-    upload = {"delta_y": step.delta_y, "delta_c": step.delta_c, "num_samples": env.num_train}
+    upload: ScaffoldUpload = {
+        "delta_y": step.delta_y,
+        "delta_c": step.delta_c,
+        "num_samples": env.num_train,
+    }
     return step, upload
 
 
@@ -281,22 +319,30 @@ class Scaffold(Algorithm):
     release = {"delta_y": None, "delta_c": None}  # both are updates, clipped together
     secagg = ("uniform",)  # its aggregate needs the plain sum, the mean only when uniform
     description = "SCAFFOLD (Karimireddy et al. 2020): control variates correct client drift"
+    payload = ScaffoldPayload
+    upload = ScaffoldUpload
+    state = ScaffoldState
+    server = ScaffoldServer
 
     class Params(ScaffoldServerParams):
         weighting: Weighting = param("uniform", "paper (of the model deltas)")
         personal: Literal["global", "local"] = param("global", "pflkit (the global model)")
 
-    def server_init(self, env: ServerEnv) -> State:
+    params: Params
+
+    def server_init(self, env: ServerEnv) -> ScaffoldServer:
         return scaffold_server_init(env)
 
     def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
         return scaffold_payload(server)
 
-    def local_objective(self, env: ClientEnv, payload: Payload) -> LossFn:
+    def local_objective(self, env: ClientEnv, payload: ScaffoldPayload) -> LossFn:
         """The task loss of the local steps (ScaRS: restricted softmax)."""
         return cross_entropy
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: ScaffoldPayload, state: ScaffoldState, ctx: RoundContext
+    ) -> Update:
         step, upload = scaffold_client_step(
             env,
             payload,
@@ -338,3 +384,5 @@ class ScaRS(RestrictedSoftmax, Scaffold):
 
     class Params(Scaffold.Params, RSParams):  # alpha (0.9), rs_mode ("hard"), min_samples (1)
         pass
+
+    params: Params

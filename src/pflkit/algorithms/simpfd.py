@@ -67,6 +67,8 @@ class SimPFD(SoftTeacherKD):
     class Params(SoftTeacherKD.Params):
         sim_weights: Literal["cosine", "code"] = param("cosine", "paper; code: authors' code")
 
+    params: Params
+
     def mixing_weights(self, server: State) -> torch.Tensor:
         return similarity_weights(server["soft"], self.params.sim_weights)
 
@@ -83,6 +85,8 @@ class TopKPFD(SoftTeacherKD):
 
     class Params(SoftTeacherKD.Params):
         k: int = param(5, "paper (k = 5)", gt=0)
+
+    params: Params
 
     def mixing_weights(self, server: State) -> torch.Tensor:
         return topk_weights(server["soft"], self.params.k)

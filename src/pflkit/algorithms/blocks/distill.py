@@ -57,7 +57,7 @@ distillation loss and the temperature".
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
@@ -77,16 +77,55 @@ from pflkit.algorithms.base import (
     param,
 )
 from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.records import Empty
 from pflkit.config import TrainConfig
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     PLAIN_SGD,
     LocalOptim,
+    Weights,
     get_weights,
     local_sgd,
     predict,
     set_weights,
 )
+
+
+class SharePayload(TypedDict):
+    """Phase ``share``: the round's public subset (none: the whole public set)."""
+
+    public_idx: NotRequired[Tensor]
+
+
+class DistillPayload(TypedDict):
+    """Phase ``distill``: the client's teacher, soft predictions on the public subset."""
+
+    teacher: Tensor
+
+
+class ShareUpload(Upload):
+    """Phase ``share``: the client's soft predictions on the public subset."""
+
+    soft: Tensor
+
+
+class KDState(TypedDict):
+    """The client's model, and the round's public subset between its two phases."""
+
+    weights: Weights
+    public_idx: NotRequired[Tensor]
+
+
+class KDServer(TypedDict):
+    """The mixing matrix c, and after a ``share`` phase the round's soft predictions, its
+    clients (``active``), their sample counts and each one's teacher."""
+
+    c: Tensor
+    soft: NotRequired[Tensor]
+    active: NotRequired[Tensor]
+    num_samples: NotRequired[Tensor]
+    teachers: NotRequired[dict[int, Tensor]]
+
 
 PUBLIC_FIX = "set data.public: {dataset: mnist5k, size: 3000}"
 
@@ -212,6 +251,10 @@ class SoftTeacherKD(Algorithm):
     teacher per client with a matrix ``c``; clients distil (module docstring)."""
 
     default_order: str = "train_then_distill"
+    payload = SharePayload | DistillPayload
+    upload: ClassVar[object] = ShareUpload | Empty
+    state = KDState
+    server: ClassVar[object] = KDServer
 
     class Params(Algorithm.Params, DistillParams):
         order: Literal["train_then_distill", "distill_then_train"] | None = param(
@@ -219,6 +262,8 @@ class SoftTeacherKD(Algorithm):
         )
         local_epoch_schedule: Literal["fixed", "ramp"] = param("fixed", "paper; ramp: KT-pFL code")
         public_per_round: int | None = param(None, "paper (None: the whole public set)", gt=0)
+
+    params: Params
 
     @property
     def order(self) -> str:
@@ -236,11 +281,11 @@ class SoftTeacherKD(Algorithm):
         return min(rnd, e) if self.params.local_epoch_schedule == "ramp" else e
 
     # -- state -------------------------------------------------------------------------------------
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> KDServer:
         n = env.num_clients
         return {"c": torch.full((n, n), 1.0 / n, dtype=torch.float64, device=env.device)}
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> KDState:
         return {"weights": env.init_weights()}
 
     # -- one exchange ------------------------------------------------------------------------------
@@ -256,7 +301,13 @@ class SoftTeacherKD(Algorithm):
     def _train_private(self, env: ClientEnv, model: nn.Module, ctx: RoundContext) -> float:
         return env.train(model, ctx, epochs=self.local_epochs(env, ctx.round))
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self,
+        env: ClientEnv,
+        payload: SharePayload | DistillPayload,
+        state: KDState,
+        ctx: RoundContext,
+    ) -> Update:
         model = env.model()
         set_weights(model, state["weights"])
         metrics: dict[str, float] = {}
@@ -266,13 +317,13 @@ class SoftTeacherKD(Algorithm):
             if self.order == "train_then_distill":
                 metrics["train_loss"] = self._train_private(env, model, ctx)
             x = public_subset(env, new_state.get("public_idx"))
-            upload: Upload = {
+            upload: Mapping[str, object] = {
                 "soft": soft_predictions(model, x, self.params.temperature),
                 "num_samples": env.num_train,
             }
         else:
             x = public_subset(env, state.get("public_idx"))
-            teacher = payload["teacher"]
+            teacher = cast(DistillPayload, payload)["teacher"]  # phase distill
             metrics["distill_loss"] = distill_configured(
                 env.run.train, self.params, model, x, teacher, ctx.optim
             )
@@ -284,7 +335,7 @@ class SoftTeacherKD(Algorithm):
         new_state["weights"] = get_weights(model)
         return Update(upload, new_state, metrics)
 
-    def distill_upload(self, model: nn.Module, x: Tensor) -> Upload:
+    def distill_upload(self, model: nn.Module, x: Tensor) -> Mapping[str, object]:
         """What a client sends after distilling (nothing, unless KT-pFL re-uploads)."""
         return {}
 

@@ -37,16 +37,24 @@ training data after every update (§8.7).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import RoundContext, State, param
+from pflkit.algorithms.base import RoundContext, param
 from pflkit.algorithms.env import ClientEnv
 from pflkit.primitives.training import LossFn, Weights, get_weights, set_weights
+
+
+class HPMState(TypedDict):
+    """The client's historical personalized model and its selection count (from its first
+    round on)."""
+
+    hpm: NotRequired[Weights]
+    selected: NotRequired[int]
 
 
 class HPMParams(BaseModel):
@@ -147,8 +155,13 @@ def recompute_bn(model: nn.Module, x: Tensor, batch_size: int) -> None:
 
 
 def personalize(
-    env: ClientEnv, model: nn.Module, state: State, p: HPMParams, ctx: RoundContext, **train: object
-) -> tuple[State, float]:
+    env: ClientEnv,
+    model: nn.Module,
+    state: HPMState,
+    p: HPMParams,
+    ctx: RoundContext,
+    **train: object,
+) -> tuple[HPMState, float]:
     """Fine-tune ``model`` (already holding the start weights) with KT from the client's HPM
     in round context ``ctx``, then fold the result into the HPM. Returns the new client state
     and the mean loss."""

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 import torch
 from torch import nn
@@ -31,6 +33,30 @@ from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
 from pflkit.primitives.training import Weights, get_weights, set_weights
+
+
+class BodyPayload(TypedDict):
+    """The shared body (less ``private_layers``)."""
+
+    body: Weights
+
+
+class BodyUpload(Upload):
+    """The trained shared body and the sample count."""
+
+    body: Weights
+
+
+class HeadState(TypedDict):
+    """The client's private part: the head and ``private_layers``."""
+
+    head: Weights
+
+
+class BodyServer(TypedDict):
+    """The global shared body."""
+
+    body: Weights
 
 
 def common_seed(seed: int, *keys: int) -> int:
@@ -70,6 +96,10 @@ class SplitBody(Algorithm):
     release = {"body": "body"}
     secagg = ("samples", "uniform")  # its aggregate is the mean of the uploads
     private = ("head",)
+    payload = BodyPayload
+    upload = BodyUpload
+    state = HeadState
+    server = BodyServer
 
     class Params(Algorithm.Params):
         weighting: Weighting = param(
@@ -78,6 +108,8 @@ class SplitBody(Algorithm):
         private_layers: list[str] = param(
             [], "paper (the head only); fc1 with fedproto_cnn: FedProto's code (convs shared)"
         )
+
+    params: Params
 
     def check(self, env: ServerEnv) -> None:
         require_homogeneous(env, self.name)
@@ -105,11 +137,11 @@ class SplitBody(Algorithm):
         shared = set(self.shared_keys(model))
         return [k for k in model.group_keys("body") if k not in shared] + model.group_keys("head")
 
-    def server_init(self, env: ServerEnv) -> State:
+    def server_init(self, env: ServerEnv) -> BodyServer:
         w = common_init(env)
         return {"body": {k: w[k] for k in self.shared_keys(env.model())}}
 
-    def client_init(self, env: ClientEnv) -> State:
+    def client_init(self, env: ClientEnv) -> HeadState:
         w = common_init(env)
         return {"head": {k: w[k] for k in self.private_keys(env.model())}}
 
@@ -119,7 +151,9 @@ class SplitBody(Algorithm):
     def local_train(self, env: ClientEnv, model: PFLModel, ctx: RoundContext) -> float:
         raise NotImplementedError
 
-    def client_update(self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext):
+    def client_update(
+        self, env: ClientEnv, payload: BodyPayload, state: HeadState, ctx: RoundContext
+    ) -> Update:
         model = env.model()
         set_weights(model, {**payload["body"], **state["head"]})
         loss = self.local_train(env, model, ctx)
