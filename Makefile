@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test docs wheel-check bench lint clean
+.PHONY: install demo test docs wheel-check bench lint typecheck clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+
+# the type check of the engine and the algorithms (not yet part of `make test` nor .ci/run)
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy --strict src/pflkit/engine src/pflkit/algorithms
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache

@@ -13,6 +13,7 @@ function) is refused with a clear error rather than pickled.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,7 @@ def flatten(obj: Any) -> tuple[str, dict[str, Leaf]]:
     return json.dumps(enc(obj, "value")), leaves
 
 
-def unflatten(schema: str, leaves: dict[str, Leaf], device: Any = None) -> Any:
+def unflatten(schema: str, leaves: Mapping[str, Leaf], device: Any = None) -> Any:
     """The inverse of :func:`flatten`, with tensors on ``device`` (default: the CPU). A leaf
     may come back as an array or a tensor, whatever its tag: each is converted (copied) to the
     type its tag names."""

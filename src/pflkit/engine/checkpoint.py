@@ -15,7 +15,7 @@ import io
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -72,7 +72,8 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> dict[str,
             "it): delete it and run again from the start, or restore it from a copy"
         )
     try:
-        return torch.load(io.BytesIO(payload), weights_only=True, map_location=device)
+        state = torch.load(io.BytesIO(payload), weights_only=True, map_location=device)
+        return cast(dict[str, Any], state)  # save_checkpoint wrote a dict
     except pickle.UnpicklingError:  # torch's several lines on weights_only
         raise PflkitError(
             f"checkpoint '{path}' holds Python objects other than tensors and plain values, "

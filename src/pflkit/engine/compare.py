@@ -39,7 +39,7 @@ import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import yaml
 
@@ -62,10 +62,11 @@ Planned = tuple[str, dict[str, Any], list[str]]
 
 def _label(algo: dict[str, Any]) -> str:
     """The entry's ``label`` if it has one, else its name and parameters: ``fedprox(mu=0.01)``."""
+    # both strings: _normalise checks the label, resolve_params the name
     if "label" in algo:
-        return algo["label"]
+        return cast(str, algo["label"])
     extra = ",".join(f"{k}={v}" for k, v in algo.items() if k != "name")
-    return f"{algo['name']}({extra})" if extra else algo["name"]
+    return f"{algo['name']}({extra})" if extra else cast(str, algo["name"])
 
 
 def _unlabelled(algo: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +131,7 @@ def _differs(stored: Any, current: Any, changed: Any) -> bool:
     setting added to pflkit after the folder was started, at the default that keeps the old
     behaviour, does not stop the compare from continuing."""
     if not (isinstance(stored, dict) and isinstance(current, dict)):
-        return stored != current
+        return bool(stored != current)
     changed = changed if isinstance(changed, dict) else {}
     if set(stored) - set(current):
         return True
@@ -181,6 +182,7 @@ def _job(cfg_json: dict[str, Any], folder: str) -> str | None:
 
 def _tell_workers(sig: int) -> None:
     for child in multiprocessing.active_children():
+        assert child.pid is not None  # an active child has been started, so it has a pid
         try:
             os.kill(child.pid, sig)
         except ProcessLookupError:  # it has just exited
@@ -209,7 +211,7 @@ class _AtOnce(StopSignals):
         raise KeyboardInterrupt
 
 
-def _goes_on(err: BaseException | None, keep_going: bool) -> bool:
+def _goes_on(err: BaseException | None, keep_going: bool) -> TypeGuard[PflkitError]:
     """Whether a run's error is recorded and the compare goes on: with ``keep_going``, a run
     that failed (a PflkitError); never a signalled one (RunInterrupted)."""
     return keep_going and isinstance(err, PflkitError) and not isinstance(err, RunInterrupted)
@@ -262,7 +264,7 @@ def _check_settings(
 def _run_all(
     tasks: list[tuple[ExperimentConfig, Path]],
     jobs: int,
-    progress,
+    progress: bool | None,
     keep_going: bool = False,
     datasets: dict[str, FederatedDataset] | None = None,
 ) -> None:
@@ -277,10 +279,10 @@ def _run_all(
                 datasets[key] = build_federated(run_cfg.data)
             try:
                 _run_one(run_cfg, folder, datasets[key], progress)
-            except PflkitError as err:
-                if not _goes_on(err, keep_going):
+            except PflkitError as exc:
+                if not _goes_on(exc, keep_going):
                     raise
-                failures[folder.name] = err
+                failures[folder.name] = exc
         if failures:
             raise _failed(failures, len(tasks))
         return
@@ -342,7 +344,9 @@ def _run_all(
         raise _failed(failures, len(tasks))
 
 
-def run_config(cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int):
+def run_config(
+    cfg: ExperimentConfig, algo: dict[str, Any], sets: list[str], seed: int
+) -> ExperimentConfig:
     """The config of one run: ``cfg`` with ``algo``, the setting's overrides and ``seed``."""
     raw = cfg.dump() | {"algorithm": algo, "seed": seed}
     return validate(apply_overrides(raw, sets))

@@ -25,7 +25,7 @@ import re
 import socket
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -189,7 +189,7 @@ class FolderLock:
 
     def _holder(self) -> dict[str, Any] | None:
         try:
-            return json.loads(self.path.read_text())
+            return cast(dict[str, Any], json.loads(self.path.read_text()))  # __enter__ wrote a dict
         except (OSError, ValueError):
             return None  # torn or vanished: treat as stale
 

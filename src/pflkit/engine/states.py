@@ -46,7 +46,7 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -85,7 +85,7 @@ def _decode(data: bytes, device: torch.device | str) -> State:
 
     size = int.from_bytes(data[:8], "little")
     schema = json.loads(data[8 : 8 + size])["__metadata__"]["schema"]
-    return unflatten(schema, load(data), device)
+    return cast(State, unflatten(schema, load(data), device))  # _encode stored a State
 
 
 class ClientStates(MutableMapping[int, State]):

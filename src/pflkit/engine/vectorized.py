@@ -52,7 +52,9 @@ from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     PLAIN_SGD,
+    GradHook,
     LocalOptim,
+    LossFn,
     StackableLoss,
     Weights,
     batch_indices,
@@ -128,7 +130,7 @@ class Pending(BaseException):  # noqa: N818 (not an error: a client waiting for 
     BaseException, so that no ``except Exception`` in an algorithm swallows it)."""
 
 
-def _cross_entropy(model: nn.Module, x: Tensor, y: Tensor, tensors: Mapping) -> Tensor:
+def _cross_entropy(model: nn.Module, x: Tensor, y: Tensor, tensors: Mapping[str, Any]) -> Tensor:
     return cross_entropy(model, x, y)
 
 
@@ -151,7 +153,7 @@ class Request:
     max_norm: float | None  # train.grad_clip
     rng: Tensor  # torch's CPU RNG state after the batches were drawn
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[Any, ...]:
         """What requests trained together share."""
         shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in self.start.items())
         hyper = (self.optimizer, self.lr, self.momentum, self.weight_decay, self.max_norm)
@@ -189,10 +191,10 @@ class Tape:
         lr: float,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
-        loss_fn: Callable = cross_entropy,
+        loss_fn: LossFn = cross_entropy,
         params: Sequence[Tensor] | None = None,
         steps: int | None = None,
-        grad_hooks: Sequence[Callable] = (),
+        grad_hooks: Sequence[GradHook] = (),
         transform: Callable[[Tensor], Tensor] | None = None,
         optim: LocalOptim = PLAIN_SGD,
     ) -> float:
@@ -209,10 +211,11 @@ class Tape:
         n = len(y)
         if steps is None:
             steps = epochs * steps_per_epoch(n, batch_size, optim.drop_last)
-        batches, inputs = [], None if transform is None else []
+        batches: list[Tensor] = []
+        inputs: list[Tensor] = []  # with a transform only
         for idx in batch_indices(n, batch_size, steps, optim.drop_last, x.device):
             batches.append(idx)
-            if inputs is not None:
+            if transform is not None:
                 inputs.append(transform(x[idx]))
         self.request = Request(
             model=model,
@@ -222,7 +225,7 @@ class Tape:
             x=x,
             y=y,
             batches=batches,
-            inputs=inputs,
+            inputs=None if transform is None else inputs,
             optimizer=optim.optimizer,
             lr=lr * optim.lr_factor,
             momentum=momentum,
@@ -233,7 +236,7 @@ class Tape:
         raise Pending
 
 
-def _stackable(loss_fn: Callable) -> StackableLoss:
+def _stackable(loss_fn: LossFn) -> StackableLoss:
     if loss_fn is cross_entropy:
         return StackableLoss(_cross_entropy, {})
     if isinstance(loss_fn, StackableLoss):
@@ -244,7 +247,7 @@ def _stackable(loss_fn: Callable) -> StackableLoss:
     )
 
 
-def _max_norm(hooks: Sequence[Callable]) -> float | None:
+def _max_norm(hooks: Sequence[GradHook]) -> float | None:
     norms = [h.max_norm for h in hooks if isinstance(h, clip_grad)]
     if len(norms) != len(hooks) or len(norms) > 1:
         raise RuntimeError(
@@ -279,6 +282,7 @@ def train_cohort(
             try:
                 update = algo.client_update(replace(env, sgd=tape), job.payload, job.state, ctx)
             except Pending:
+                assert tape.request is not None  # the tape records a request, then raises Pending
                 requests[job.cid] = tape.request
                 continue
             out[job.cid] = check(env, update, ctx)
@@ -291,7 +295,7 @@ def train_cohort(
 def train_requests(requests: Mapping[int, Request]) -> dict[int, Done]:
     """The outcome of every request, those with the same :meth:`Request.key` trained as one
     computation (at most :data:`MAX_STACK` at a time)."""
-    groups: dict[tuple, list[int]] = defaultdict(list)
+    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for cid, req in requests.items():
         groups[req.key()].append(cid)
     out: dict[int, Done] = {}
@@ -311,7 +315,7 @@ class _Objective(nn.Module):
         self.model = model
         self.fn, self.static = loss.fn, loss.static
 
-    def forward(self, x: Tensor, y: Tensor, tensors: Mapping) -> Tensor:
+    def forward(self, x: Tensor, y: Tensor, tensors: Mapping[str, Any]) -> Tensor:
         return self.fn(self.model, x, y, tensors, *self.static)
 
 
@@ -348,7 +352,9 @@ def train_stacked(reqs: Sequence[Request]) -> list[Done]:
     tensors = stack([r.loss.tensors for r in reqs])
     opt = FunctionalOptimizer(r0, train)
 
-    def client_loss(train, frozen, buffers, x, y, tensors):
+    def client_loss(
+        train: Weights, frozen: Weights, buffers: Weights, x: Tensor, y: Tensor, tensors: Any
+    ) -> tuple[Tensor, tuple[Tensor, Weights]]:
         buffers = {k: v.clone() for k, v in buffers.items()}  # BatchNorm updates them in place
         swapped = {f"model.{k}": v for d in (train, frozen, buffers) for k, v in d.items()}
         loss = functional_call(objective, swapped, (x, y, tensors))
@@ -437,8 +443,8 @@ class FunctionalOptimizer:
             _put(m, idx, mine)
         return new
 
-    def _sgd(self, params, grads, moments):
-        out = {}
+    def _sgd(self, params: Weights, grads: Weights, moments: list[Weights]) -> Weights:
+        out: Weights = {}
         for k, p in params.items():
             g = grads[k]
             if self.wd:
@@ -448,11 +454,11 @@ class FunctionalOptimizer:
             out[k] = p.add(g, alpha=-self.lr)
         return out
 
-    def _adam(self, params, grads, moments, t):
+    def _adam(self, params: Weights, grads: Weights, moments: list[Weights], t: int) -> Weights:
         b1, b2 = self.BETAS
         step_size = self.lr / (1 - b1**t)
         bc2_sqrt = (1 - b2**t) ** 0.5
-        out = {}
+        out: Weights = {}
         for k, p in params.items():
             g = grads[k]
             if self.wd and self.kind == "adamw":
@@ -507,6 +513,13 @@ def batched_accuracy(
     return [h / max(n, 1) for h, n in zip(hits.tolist(), sizes, strict=True)]
 
 
+def _split(x: Tensor | None, y: Tensor | None) -> tuple[Tensor, Tensor]:
+    """A client's split as ``(x, y)``; evaluate_cohort asks only for splits the client has
+    (every client has a test split; the validation split where ``val_y`` is set)."""
+    assert x is not None and y is not None
+    return x, y
+
+
 def evaluate_cohort(
     algo: Algorithm,
     envs: Sequence[ClientEnv],
@@ -518,7 +531,7 @@ def evaluate_cohort(
     weights the job's client is scored with where the default scoring model scores them (else
     None); ``one(job)``: the per-client path's evaluation."""
     out: dict[int, dict[str, float]] = {}
-    groups: dict[tuple, list[tuple[int, Weights]]] = defaultdict(list)
+    groups: dict[tuple[Any, ...], list[tuple[int, Weights]]] = defaultdict(list)
     for job in jobs:
         weights = scored_weights(job)
         if weights is None:
@@ -534,13 +547,16 @@ def evaluate_cohort(
             stacked = stack([w for _, w in part])
             batch = jobs[0].batch_size
             data = [envs[cid].data for cid, _ in part]
-            test = batched_accuracy(model, stacked, [(d.test_x, d.test_y) for d in data], batch)
+            test = batched_accuracy(
+                model, stacked, [_split(d.test_x, d.test_y) for d in data], batch
+            )
             for (cid, _), acc in zip(part, test, strict=True):
                 out[cid] = {"test": acc}
             with_val = [(j, d) for j, d in enumerate(data) if d.val_y is not None]
             if with_val:
                 sub = {k: v[[j for j, _ in with_val]] for k, v in stacked.items()}
-                val = batched_accuracy(model, sub, [(d.val_x, d.val_y) for _, d in with_val], batch)
+                vals = [_split(d.val_x, d.val_y) for _, d in with_val]
+                val = batched_accuracy(model, sub, vals, batch)
                 for (j, _), acc in zip(with_val, val, strict=True):
                     out[part[j][0]]["val"] = acc
     return {job.cid: out[job.cid] for job in jobs}
