@@ -11,8 +11,12 @@ holds nothing of the run:
   algorithm and client environments (the dataset's tensors are shared, not copied) and
   ``engine.threads_per_worker`` torch threads; the clients of a phase are dispatched to
   whichever worker is free; on a GPU the workers share the device, each with its own context;
+- the Ray runner (:mod:`pflkit.engine.ray_runner`): actors on a cluster;
 - the Flower runner (:mod:`pflkit.flower.server`): SuperNodes, over the network.
 
+``engine.runner`` names one of them in :data:`~pflkit.engine.runners.RUNNERS` (``pool``, the
+default, is :class:`ProcessPool`, or :class:`InProcess` with one worker; a plug-in may
+register more); every runner's workers start with :func:`~pflkit.engine.worker.start_worker`.
 Every runner executes the same two functions, :func:`train_client` and
 :func:`evaluate_client`, and every random draw in them is seeded from (seed, round, phase,
 client), so all runners give bit-identical results: the client order and the worker a client
@@ -47,9 +51,8 @@ from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
 from pflkit.algorithms.env import ClientEnv, RunFacts
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
 from pflkit.data.federated import FederatedDataset
-from pflkit.engine import vectorized
+from pflkit.engine import vectorized, worker
 from pflkit.engine.runners import RUNNERS
-from pflkit.engine.worker import WorkerSpec, start_worker
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
 from pflkit.primitives.training import Weights
@@ -531,11 +534,11 @@ def unpack_replies(
     return out
 
 
-def _worker_init(spec: WorkerSpec, data: FederatedDataset) -> None:
+def _worker_init(spec: worker.WorkerSpec, data: FederatedDataset) -> None:
     # Ctrl-C and a cluster's SIGTERM are the parent's to handle: it finishes the round
     ignore_stop_signals()
     die_with_parent()
-    built = start_worker(spec, data)
+    built = worker.start_worker(spec, data)
     _WORKER.update(algo=built.algo, envs=built.envs)
 
 
@@ -585,7 +588,7 @@ class ProcessPool(ClientRunner):
         self.initargs: tuple[Any, ...] | None = None
 
     def start(self, cfg: ExperimentConfig, data: FederatedDataset) -> None:
-        self.initargs = (WorkerSpec(cfg, self.threads), data)
+        self.initargs = (worker.WorkerSpec(cfg, self.threads), data)
 
     def _pool(self) -> ProcessPoolExecutor:
         if self.executor is None:

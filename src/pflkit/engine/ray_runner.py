@@ -5,8 +5,8 @@ machine's process pool cannot hold.
 ``engine.ray_gpus`` GPUs of the cluster (a fraction shares a GPU between actors) and
 ``engine.threads_per_worker`` torch threads. Each actor builds its own algorithm and client
 environments once, from the run's validated config and the dataset, with
-:func:`~pflkit.engine.worker.start_worker` as every runner's workers do; the dataset goes to the cluster's object
-store once (``ray.put``) and every actor reads it from there. Per round only the jobs (a
+:func:`~pflkit.engine.worker.start_worker` as every runner's workers do; the dataset goes to
+the cluster's object store once (``ray.put``) and every actor reads it from there. Per round only the jobs (a
 client's payload, state and round context) travel to the actors and the results back, both
 pickled as the pool pickles them. Jobs go to whichever actor is free, largest clients first,
 so the round ends with small clients.
@@ -38,9 +38,9 @@ from pflkit.algorithms import Algorithm
 from pflkit.algorithms.env import ClientEnv
 from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset
+from pflkit.engine import worker
 from pflkit.engine.clients import ClientRunner, Job, TrainJob, reply, run_job, unpack_replies
 from pflkit.engine.runners import RUNNERS
-from pflkit.engine.worker import WorkerSpec, start_worker
 from pflkit.errors import PflkitError
 
 NEEDS_RAY = "engine.runner: ray needs Ray: pip install 'pflkit[ray]'"
@@ -90,7 +90,7 @@ class ClientActor:
         self.algo: Algorithm | None = None
         self.envs: list[ClientEnv] = []
 
-    def setup(self, spec: WorkerSpec, data: FederatedDataset) -> bytes:
+    def setup(self, spec: worker.WorkerSpec, data: FederatedDataset) -> bytes:
         """Build the algorithm and the environments (:func:`~pflkit.engine.worker.start_worker`)
         on ``spec.device`` (``cuda``: the GPU, or share of one, that Ray gave this actor); the
         pickled reply (:func:`~pflkit.engine.clients.reply`) of this actor's Ray node id."""
@@ -98,7 +98,7 @@ class ClientActor:
         def work() -> str:
             import ray
 
-            built = start_worker(spec, data)
+            built = worker.start_worker(spec, data)
             self.algo, self.envs = built.algo, built.envs
             return ray.get_runtime_context().get_node_id()
 
@@ -205,7 +205,7 @@ class RayRunner(ClientRunner):
         # spread the actors over the nodes (the default packs them onto the first)
         actors = [remote.options(scheduling_strategy="SPREAD").remote() for _ in range(n)]
         self.actors = actors
-        spec = WorkerSpec(self.cfg, self.threads, "cuda" if self.gpus else "cpu")
+        spec = worker.WorkerSpec(self.cfg, self.threads, "cuda" if self.gpus else "cpu")
         refs = [a.setup.remote(spec, self.data_ref) for a in actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SETUP_TIMEOUT)
         if len(ready) < len(refs):

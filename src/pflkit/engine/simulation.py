@@ -43,7 +43,7 @@ import torch
 from pflkit.algorithms.base import State, Upload, nbytes
 from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset, build_federated
-from pflkit.engine import ray_runner, vectorized  # noqa: F401 (ray_runner: engine.runner: ray)
+from pflkit.engine import ray_runner, vectorized, worker  # noqa: F401 (ray_runner: its entry)
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import (
     EVALUATE,
@@ -61,7 +61,6 @@ from pflkit.engine.limits import check_machine, footprint
 from pflkit.engine.population import TrainedClients, eval_sample, held_out, training_clients
 from pflkit.engine.runners import lookup_runner
 from pflkit.engine.states import ClientStates, StatesElsewhere
-from pflkit.engine.worker import WorkerSpec, start_worker
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
 from pflkit.eval.evaluate import holdout_metrics, sampled_metrics, trained_split
@@ -154,7 +153,7 @@ class Simulation:
             val_x = torch.cat([c.val_x for c in clients])
             self.val_xy = (val_x, torch.cat([c.val_y for c in clients]))
         # this process's algorithm and environments, built as every runner's workers build theirs
-        self.algo, self.senv, self.envs = start_worker(WorkerSpec(cfg), self.data)
+        self.algo, self.senv, self.envs = worker.start_worker(worker.WorkerSpec(cfg), self.data)
         self.algo.check(self.senv)
         if self.runner.vectorize:
             vectorized.check_models(self.senv)

@@ -72,13 +72,13 @@ class Worker:
     def __init__(self, text: str):
         from pflkit.config import config_text
         from pflkit.data.federated import build_federated
-        from pflkit.engine.worker import WorkerSpec, start_worker
+        from pflkit.engine import worker
         from pflkit.experiment import validate
 
         # the config crossed the network as text: validated here, once per node process
         self.cfg = validate(config_text(text, "the run config's 'config'"))
-        spec = WorkerSpec(self.cfg, threads=self.cfg.threads)
-        self.algo, _, self.envs = start_worker(spec, build_federated(self.cfg.data))
+        spec = worker.WorkerSpec(self.cfg, threads=self.cfg.threads)
+        self.algo, _, self.envs = worker.start_worker(spec, build_federated(self.cfg.data))
 
     @classmethod
     def get(cls, text: str) -> Worker:
