@@ -13,7 +13,6 @@ import types
 import pytest
 
 from conftest import tiny_config
-from pflkit.algorithms import base
 from pflkit.data.federated import build_federated
 from pflkit.engine import Simulation, run_experiment, worker
 from pflkit.engine.clients import InProcess, ProcessPool
@@ -87,15 +86,18 @@ def test_a_flower_node_starts_with_it(startups, tiny, tmp_path, monkeypatch):
 
 @pytest.fixture
 def parses(tmp_path, monkeypatch):
-    """parse_params wrapped to append the pid per call to a file; returns the lines."""
-    path, real = tmp_path / "parses.txt", base.parse_params
+    """FedProx's Params validation (what parse_params, build_algorithm and resolve_params
+    all end in) wrapped to append the pid per call to a file; returns the lines."""
+    from pflkit.algorithms.fedprox import FedProx
 
-    def spy(algo_cfg):
+    path, real = tmp_path / "parses.txt", FedProx.Params.model_validate
+
+    def spy(cls, raw, *args, **kw):
         with path.open("a") as f:
             f.write(f"{os.getpid()}\n")
-        return real(algo_cfg)
+        return real(raw, *args, **kw)
 
-    monkeypatch.setattr(base, "parse_params", spy)
+    monkeypatch.setattr(FedProx.Params, "model_validate", classmethod(spy))
     return lambda: path.read_text().split() if path.exists() else []
 
 
