@@ -4,7 +4,9 @@ plug-in registers its own runner without any change to the engine."""
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +161,26 @@ def test_a_runner_whose_clients_keep_their_state_gets_jobs_without_one(tiny):
     assert "pers_acc_mean" in row and len(seen) == 8  # 4 trained, 4 scored
     assert all(s is None for s in seen)
     assert len(sim.clients) == 0 and sim.clients.get_or_init(0) is None
+
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
+
+
+@pytest.fixture
+def guide_runner(tmp_path, monkeypatch):
+    """docs/guide.md's "Adding a runner" example written to my_runner.py; removed after."""
+    section = GUIDE.read_text().split("### Adding a runner", 1)[1]
+    code = re.search(r"```python\n(# my_runner\.py.*?)```", section, re.S).group(1)
+    (tmp_path / "my_runner.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    RUNNERS.pop("my-cluster", None)
+    sys.modules.pop("my_runner", None)
+
+
+def test_the_guides_runner_example_runs_as_the_built_in_one(guide_runner, tmp_path):
+    raw = tiny_config(algorithm={"name": "ditto"}, train={"rounds": 2, "client_fraction": 0.5})
+    here = run_experiment(validate(raw), out=tmp_path / "here")
+    cfg = validate({**raw, "plugins": ["my_runner"], "engine": {"runner": "my-cluster"}})
+    plugged = run_experiment(cfg, out=tmp_path / "plugged")
+    assert strip_timing(plugged.rows) == strip_timing(here.rows)

@@ -37,6 +37,7 @@ class RunnerInfo:
 
 
 RUNNERS: Registry[RunnerInfo] = Registry("runner", RunnerInfo)
+"""Runner name -> :class:`RunnerInfo` (module docstring); ``engine.runner`` names one."""
 
 
 def lookup_runner(name: str) -> RunnerInfo:
