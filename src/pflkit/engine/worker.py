@@ -39,17 +39,14 @@ class WorkerSpec:
 
     def __getstate__(self) -> dict[str, Any]:
         # the config as bytes, opened after its plugins are imported (__setstate__)
-        blob = pickle.dumps(self.cfg, pickle.HIGHEST_PROTOCOL)
-        return {"plugins": list(self.cfg.plugins), "cfg": blob, **self._rest()}
+        cfg = pickle.dumps(self.cfg, pickle.HIGHEST_PROTOCOL)
+        return {"plugins": list(self.cfg.plugins), "cfg": cfg, "rest": (self.threads, self.device)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         load_plugins(state["plugins"])
         object.__setattr__(self, "cfg", pickle.loads(state["cfg"]))
-        object.__setattr__(self, "threads", state["threads"])
-        object.__setattr__(self, "device", state["device"])
-
-    def _rest(self) -> dict[str, Any]:
-        return {"threads": self.threads, "device": self.device}
+        object.__setattr__(self, "threads", state["rest"][0])
+        object.__setattr__(self, "device", state["rest"][1])
 
 
 class Built(NamedTuple):
