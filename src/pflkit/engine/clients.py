@@ -359,7 +359,8 @@ class ClientRunner:
     hands it jobs and stores what comes back."""
 
     #: client state lives in the engine: jobs carry it, training results return the new one
-    #: (so a run can be checkpointed and resumed); False: it lives where the clients run
+    #: (so a run can be checkpointed and resumed); False: it lives where the clients run.
+    #: The simulation reads it once, when it starts (``Simulation.states_here``)
     keeps_state: bool = True
     #: trains (and scores) a phase's clients as one batched computation (engine.vectorize)
     vectorize: bool = False
