@@ -127,3 +127,52 @@ def test_codec_refuses_what_cannot_cross_the_network():
     with pytest.raises(TypeError, match="dict key"):
         encode({(1, 2): 0})
     assert decode(*encode({})) == {}
+
+
+def test_nodes_run_in_the_round_context_their_jobs_carry(tmp_path, monkeypatch):
+    """The server's round contexts are made unlike any the config gives (half the lr factor,
+    a 0.75 work share for every client): a node that rebuilt its context from the config
+    would train and score in another one. Every node call gets the job's context, exactly."""
+    import dataclasses
+
+    from pflkit.engine import clients, simulation
+    from pflkit.flower.server import FlowerRunner
+
+    real = simulation.round_context
+
+    def unusual(run, rnd, phase, straggler=False):
+        ctx = real(run, rnd, phase, straggler)
+        return dataclasses.replace(ctx, lr_factor=ctx.lr_factor / 2, work=0.75)
+
+    sent, received = {}, {}
+    real_run, real_train, real_eval = (
+        FlowerRunner.run,
+        clients.train_client,
+        clients.evaluate_client,
+    )
+
+    def run(self, algo, envs, jobs, meanwhile=None):
+        sent.update({(type(j).__name__, j.cid, j.ctx.round): j.ctx for j in jobs})
+        return real_run(self, algo, envs, jobs, meanwhile)
+
+    def train(algo, env, payload, state, ctx, p):
+        received[("TrainJob", env.cid, ctx.round)] = ctx
+        return real_train(algo, env, payload, state, ctx, p)
+
+    def evaluate(algo, env, view, state, ctx, *args):
+        received[("EvalJob", env.cid, ctx.round)] = ctx
+        return real_eval(algo, env, view, state, ctx, *args)
+
+    monkeypatch.setattr(simulation, "round_context", unusual)
+    monkeypatch.setattr(FlowerRunner, "run", run)
+    monkeypatch.setattr(clients, "train_client", train)
+    monkeypatch.setattr(clients, "evaluate_client", evaluate)
+    raw = tiny_config(algorithm={"name": "fedavg_ft"}, train={"rounds": 2, "lr_schedule": "cosine"})
+    cfg = validate(raw)
+    flower_run(cfg, tmp_path, THREE_NODES)
+    assert len(sent) == 16 and received == sent  # 4 clients x (train, evaluate) x 2 rounds
+    from pflkit.config import lr_factor
+
+    ctx = received[("TrainJob", 0, 2)]  # what the config gives: the cosine factor, all work
+    assert (ctx.round, ctx.lr_factor, ctx.work) == (2, lr_factor(cfg.train, 2) / 2, 0.75)
+    assert 0 < lr_factor(cfg.train, 2) < 1

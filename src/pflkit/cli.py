@@ -1121,7 +1121,7 @@ def _secagg(cfg, secagg: bool, clip: float | None, quantization: int | None, nod
         sa.DEFAULT_CLIP if clip is None else clip,
         sa.DEFAULT_QUANTIZATION if quantization is None else quantization,
     )
-    sa.secure_keys(cfg.algorithm)
+    sa.secure_keys(cfg)
     if nodes is not None:
         from pflkit.flower.client import hosted_clients
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from pflkit.errors import PflkitError
 from pflkit.strict import StrictNumbers
@@ -291,9 +291,11 @@ class EngineConfig(_Section):
 
     workers: int | Literal["auto"] = "auto"
     threads_per_worker: int = Field(1, gt=0, le=MAX_THREADS)  # torch threads in each worker process
-    # where the workers run: this machine's process pool, or a Ray cluster's workers
-    # (``pip install 'pflkit[ray]'``; pflkit.engine.ray_runner)
-    runner: Literal["pool", "ray"] = "pool"
+    # the client runner, by its name in pflkit.engine.runners.RUNNERS (checked when the run
+    # starts): pool (this machine's process pool, or this process with workers: 1),
+    # in-process, ray (a Ray cluster's workers: ``pip install 'pflkit[ray]'``), flower
+    # (Flower's ServerApp only), or one a plug-in registers
+    runner: str = "pool"
     # the Ray cluster to join (``ray start --head`` prints it, e.g. 10.0.0.5:6379); null: a
     # cluster started on this machine for the run
     ray_address: str | None = None
@@ -440,6 +442,10 @@ class ExperimentConfig(_Section):
     compare: CompareConfig = CompareConfig()
     sweep: SweepConfig = SweepConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+    # the algorithm section parsed into its class and typed Params: set by
+    # pflkit.experiment.validate, read through pflkit.experiment.algorithm_of (this module
+    # knows no algorithm); not a setting: not dumped, but pickled with the config
+    _typed_algorithm: Any = PrivateAttr(None)
 
     @field_validator("algorithm")
     @classmethod

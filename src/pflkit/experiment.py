@@ -11,19 +11,43 @@ processes, Flower's apps) gets the same checks in the same order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pflkit.config import ExperimentConfig, apply_overrides, parse, read_yaml, select_algorithms
 from pflkit.errors import PflkitError
 from pflkit.examples import resolve
 
+if TYPE_CHECKING:
+    from pflkit.algorithms import Algorithm
+
+
+@dataclass(frozen=True)
+class TypedAlgorithm:
+    """A config's algorithm section parsed into its class and typed ``Params`` (pydantic:
+    it pickles, so workers receive it as it is instead of parsing the section again)."""
+
+    cls: type[Algorithm]
+    params: Any  # an instance of cls.Params
+    source: dict[str, Any]  # the algorithm section it was parsed from
+
+    def build(self) -> Algorithm:
+        """A new instance of the algorithm (what ``build_algorithm`` of the section gives)."""
+        return self.cls(self.params)
+
+    def record(self) -> dict[str, Any]:
+        """The section with every default filled in: what a run's config.yaml records (as
+        :func:`pflkit.algorithms.resolve_params` gives it)."""
+        return {"name": self.cls.name, **self.params.model_dump(mode="json")}
+
 
 def validate(raw: dict[str, Any]) -> ExperimentConfig:
     """The typed config of ``raw``; the algorithm's parameters are validated by its ``Params``
-    and every default is filled in (so a run's config.yaml records all of them)."""
+    once and every default is filled in (so a run's config.yaml records all of them); the
+    config keeps the parsed section (:func:`algorithm_of`)."""
     # imported on use: the command line imports this module at its start, before torch
-    from pflkit.algorithms import resolve_params
+    from pflkit.algorithms.base import typed_params
     from pflkit.plugins import load_plugins
 
     plugins = raw.get("plugins") or []
@@ -31,8 +55,23 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
         raise PflkitError(f"plugins must be a list of module names (got {plugins!r})")
     load_plugins(plugins)  # before validation: they may register the names used below
     cfg = parse(raw)
-    cfg.algorithm = resolve_params(cfg.algorithm, cfg.train.weighting)
+    typed = TypedAlgorithm(*typed_params(cfg.algorithm, cfg.train.weighting), {})
+    cfg.algorithm = typed.record()
+    cfg._typed_algorithm = TypedAlgorithm(typed.cls, typed.params, dict(cfg.algorithm))
     return cfg
+
+
+def algorithm_of(cfg: ExperimentConfig) -> TypedAlgorithm:
+    """``cfg``'s algorithm section parsed: the one :func:`validate` parsed, or, for a config
+    typed another way or whose section changed since, the section parsed now (once: the
+    config keeps it). Unknown names and parameters are one sentence."""
+    typed = cfg._typed_algorithm
+    if not isinstance(typed, TypedAlgorithm) or typed.source != cfg.algorithm:
+        from pflkit.algorithms.base import typed_params
+
+        typed = TypedAlgorithm(*typed_params(cfg.algorithm), dict(cfg.algorithm))
+        cfg._typed_algorithm = typed
+    return typed
 
 
 def load_config(

@@ -1,5 +1,6 @@
-"""User extensions: algorithms, models, datasets and partitioners defined in the user's own
-modules, usable from ``pflkit run``, ``compare``, ``partition`` and the Flower apps.
+"""User extensions: algorithms, models, datasets, partitioners and client runners defined in
+the user's own modules, usable from ``pflkit run``, ``compare``, ``partition`` and the Flower
+apps.
 
 A plugin is a Python module that registers things when imported:
 
@@ -10,7 +11,9 @@ A plugin is a Python module that registers things when imported:
 - a dataset: :func:`register_dataset` (``loader(root, download, **options)`` returning a
   :class:`pflkit.data.sources.Source`);
 - a partitioner: :func:`register_partitioner` (``fn(labels, num_clients, rng, **params)``
-  returning one index array per client).
+  returning one index array per client);
+- a client runner: :func:`register_runner` (``factory(cfg)`` returning a
+  :class:`pflkit.engine.clients.ClientRunner`), chosen by ``engine.runner``.
 
 It is loaded by name from the config's ``plugins: [module, ...]`` list (recorded in every run
 folder, so ``--resume`` and Flower's SuperNodes import it too), from ``--import MODULE`` on
@@ -61,6 +64,14 @@ def register_partitioner(name: str, description: str, fn: Callable | None = None
     from pflkit.data.partition import PARTITIONERS
 
     return _register(PARTITIONERS, name, description, fn)
+
+
+def register_runner(name: str, description: str, factory: Callable | None = None) -> Any:
+    """Register a client runner's factory (call it with the factory, or use it as a
+    decorator); ``engine.runner: <name>`` then runs the clients' work on it."""
+    from pflkit.engine.runners import RUNNERS
+
+    return _register(RUNNERS, name, description, factory)
 
 
 def load_plugins(modules: Iterable[str] = ()) -> None:
@@ -125,4 +136,5 @@ __all__ = [
     "register_dataset",
     "register_model",
     "register_partitioner",
+    "register_runner",
 ]

@@ -369,10 +369,20 @@ def parse_params(algo_cfg: Mapping[str, Any]) -> tuple[type[Algorithm], Algorith
 
 def resolve_params(algo_cfg: Mapping[str, Any], weighting: str | None = None) -> dict[str, Any]:
     """``algo_cfg`` with every parameter validated and every default filled in (what a run's
-    config.yaml records). ``weighting`` (``train.weighting``) sets the ``weighting`` parameter
-    of every algorithm that has one; an algorithm entry that asks for another is refused."""
+    config.yaml records; :func:`typed_params` parses it)."""
+    cls, params = typed_params(algo_cfg, weighting)
+    return {"name": cls.name, **params.model_dump(mode="json")}
+
+
+def typed_params(
+    algo_cfg: Mapping[str, Any], weighting: str | None = None
+) -> tuple[type[Algorithm], Algorithm.Params]:
+    """The algorithm class and typed parameters of ``algo_cfg``, parsed once
+    (:func:`parse_params`). ``weighting`` (``train.weighting``) sets the ``weighting``
+    parameter of every algorithm that has one; an algorithm entry that asks for another is
+    refused."""
     if weighting is not None:
-        cls, _ = parse_params(algo_cfg)
+        cls = ALGORITHMS.lookup(algo_cfg["name"])
         own = algo_cfg.get("weighting", weighting)
         if "weighting" in cls.Params.model_fields:
             if own != weighting:
@@ -381,8 +391,7 @@ def resolve_params(algo_cfg: Mapping[str, Any], weighting: str | None = None) ->
                     f"{weighting}: remove one of them (train.weighting applies to every algorithm)"
                 )
             algo_cfg = {**algo_cfg, "weighting": weighting}
-    cls, params = parse_params(algo_cfg)
-    return {"name": cls.name, **params.model_dump(mode="json")}
+    return parse_params(algo_cfg)
 
 
 def build_algorithm(algo_cfg: Mapping[str, Any]) -> Algorithm:

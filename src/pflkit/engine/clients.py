@@ -11,8 +11,12 @@ holds nothing of the run:
   algorithm and client environments (the dataset's tensors are shared, not copied) and
   ``engine.threads_per_worker`` torch threads; the clients of a phase are dispatched to
   whichever worker is free; on a GPU the workers share the device, each with its own context;
+- the Ray runner (:mod:`pflkit.engine.ray_runner`): actors on a cluster;
 - the Flower runner (:mod:`pflkit.flower.server`): SuperNodes, over the network.
 
+``engine.runner`` names one of them in :data:`~pflkit.engine.runners.RUNNERS` (``pool``, the
+default, is :class:`ProcessPool`, or :class:`InProcess` with one worker; a plug-in may
+register more); every runner's workers start with :func:`~pflkit.engine.worker.start_worker`.
 Every runner executes the same two functions, :func:`train_client` and
 :func:`evaluate_client`, and every random draw in them is seeded from (seed, round, phase,
 client), so all runners give bit-identical results: the client order and the worker a client
@@ -42,17 +46,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflkit.algorithms import Algorithm, build_algorithm
+from pflkit.algorithms import Algorithm
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
 from pflkit.algorithms.context import EVALUATE as EVALUATE  # re-exported: the engine's name for it
 from pflkit.algorithms.env import ClientEnv, RunFacts
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
 from pflkit.data.federated import FederatedDataset
-from pflkit.engine import vectorized
-from pflkit.engine.envs import make_envs
+from pflkit.engine import vectorized, worker
+from pflkit.engine.runners import RUNNERS
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
-from pflkit.experiment import validate
 from pflkit.primitives.training import Weights, get_weights
 from pflkit.privacy import dpsgd
 
@@ -326,7 +329,8 @@ class ClientRunner:
     hands it jobs and stores what comes back."""
 
     #: client state lives in the engine: jobs carry it, training results return the new one
-    #: (so a run can be checkpointed and resumed); False: it lives where the clients run
+    #: (so a run can be checkpointed and resumed); False: it lives where the clients run.
+    #: The simulation reads it once, when it starts (``Simulation.states_here``)
     keeps_state: bool = True
     #: trains (and scores) a phase's clients as one batched computation (engine.vectorize)
     vectorize: bool = False
@@ -456,17 +460,6 @@ def ignore_stop_signals() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-def worker_setup(
-    cfg_dump: dict[str, Any], data: FederatedDataset, threads: int
-) -> tuple[Algorithm, list[ClientEnv]]:
-    """What a worker (a pool process, a Ray actor) builds once: the run's algorithm and client
-    environments, from the resolved config, with ``threads`` torch threads."""
-    torch.set_num_threads(threads)
-    cfg = validate(cfg_dump)
-    _, envs = make_envs(cfg, data)
-    return build_algorithm(cfg.algorithm), envs
-
-
 def reply(work: Callable[[], Any]) -> bytes:
     """A worker's pickled reply for ``work()``: ("ok", its result), ("user", the PflkitError's
     sentence, "") or ("error", the exception, the worker's traceback): a bug keeps the
@@ -512,12 +505,12 @@ def unpack_replies(
     return out
 
 
-def _worker_init(cfg_dump: dict[str, Any], data: FederatedDataset, threads: int) -> None:
+def _worker_init(spec: worker.WorkerSpec, data: FederatedDataset) -> None:
     # Ctrl-C and a cluster's SIGTERM are the parent's to handle: it finishes the round
     ignore_stop_signals()
     die_with_parent()
-    algo, envs = worker_setup(cfg_dump, data, threads)
-    _WORKER.update(algo=algo, envs=envs)
+    built = worker.start_worker(spec, data)
+    _WORKER.update(algo=built.algo, envs=built.envs)
 
 
 def _worker_job(blob: bytes) -> bytes:
@@ -566,7 +559,7 @@ class ProcessPool(ClientRunner):
         self.initargs: tuple[Any, ...] | None = None
 
     def start(self, cfg: ExperimentConfig, data: FederatedDataset) -> None:
-        self.initargs = (cfg.dump(), data, self.threads)
+        self.initargs = (worker.WorkerSpec(cfg, self.threads), data)
 
     def _pool(self) -> ProcessPoolExecutor:
         if self.executor is None:
@@ -653,8 +646,12 @@ def auto_workers(cfg: ExperimentConfig) -> int:
     return max(1, min(most, GPU_WORKERS, int(gib // GPU_GIB_PER_WORKER)))
 
 
+@RUNNERS.register(
+    "pool", "engine.workers worker processes on this machine (auto: one per core); 1: this process"
+)
 def make_runner(cfg: ExperimentConfig) -> ClientRunner:
-    """The runner ``cfg.engine`` asks for."""
+    """``engine.runner: pool`` (the default): a :class:`ProcessPool` of ``engine.workers``
+    processes (``auto``: :func:`auto_workers`), or :class:`InProcess` where that is 1."""
     e = cfg.engine
     workers = auto_workers(cfg) if e.workers == "auto" else e.workers
     vectorize = vectorized.enabled(cfg)
@@ -663,3 +660,9 @@ def make_runner(cfg: ExperimentConfig) -> ClientRunner:
     # on an accelerator the workers share it, each with its own context (ProcessPool, fresh)
     accelerator = resolve_device(cfg.device) != "cpu"
     return ProcessPool(workers, e.threads_per_worker, fresh=accelerator, vectorize=vectorize)
+
+
+@RUNNERS.register("in-process", "this process, one client after another (engine.workers unused)")
+def in_process(cfg: ExperimentConfig) -> ClientRunner:
+    """``engine.runner: in-process``: :class:`InProcess`, whatever ``engine.workers`` says."""
+    return InProcess(vectorized.enabled(cfg))

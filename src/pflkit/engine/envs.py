@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.env import ClientEnv, ModelPool, RunFacts, ServerEnv
 from pflkit.config import ExperimentConfig, ModelConfig, resolve_device
 from pflkit.data.federated import FederatedDataset
 from pflkit.errors import PflkitError
+from pflkit.experiment import algorithm_of
 from pflkit.privacy import dpsgd
 
 
@@ -71,5 +71,5 @@ def make_envs(cfg: ExperimentConfig, data: FederatedDataset) -> tuple[ServerEnv,
         for c in range(n)
     ]
     if cfg.privacy.sample_dp is not None:  # DP-SGD refuses what it cannot cover, up front
-        dpsgd.check_sample_dp(cfg, build_algorithm(cfg.algorithm), server)
+        dpsgd.check_sample_dp(cfg, algorithm_of(cfg).build(), server)
     return server, clients

@@ -125,14 +125,14 @@ def fingerprint(cfg: ExperimentConfig, partition_id: str, legacy: bool = False) 
     checkpoints. ``legacy``: the form checkpoints were written with before 2026-11-24 (every
     algorithm parameter, defaults included), which a resume still accepts."""
     from pflkit import __version__
-    from pflkit.algorithms import parse_params
+    from pflkit.experiment import algorithm_of
 
     dump = cfg.model_dump(mode="json", exclude_defaults=True)
     if not legacy:
-        cls, params = parse_params(cfg.algorithm)
+        typed = algorithm_of(cfg)
         dump["algorithm"] = {
-            "name": cls.name,
-            **params.model_dump(mode="json", exclude_defaults=True),
+            "name": typed.cls.name,
+            **typed.params.model_dump(mode="json", exclude_defaults=True),
         }
     for key in RESUMABLE:
         section, _, field = key.rstrip(".").partition(".")

@@ -4,9 +4,9 @@ machine's process pool cannot hold.
 :class:`RayRunner` keeps ``engine.workers`` Ray actors, each with ``engine.ray_cpus`` CPUs and
 ``engine.ray_gpus`` GPUs of the cluster (a fraction shares a GPU between actors) and
 ``engine.threads_per_worker`` torch threads. Each actor builds its own algorithm and client
-environments once, from the run's resolved config and the dataset, as a worker process of
-:class:`~pflkit.engine.clients.ProcessPool` does; the dataset goes to the cluster's object
-store once (``ray.put``) and every actor reads it from there. Per round only the jobs (a
+environments once, from the run's validated config and the dataset, with
+:func:`~pflkit.engine.worker.start_worker` as every runner's workers do; the dataset goes to
+the cluster's object store once (``ray.put``) and every actor reads it from there. Per round only the jobs (a
 client's payload, state and round context) travel to the actors and the results back, both
 pickled as the pool pickles them. Jobs go to whichever actor is free, largest clients first,
 so the round ends with small clients.
@@ -38,15 +38,9 @@ from pflkit.algorithms import Algorithm
 from pflkit.algorithms.env import ClientEnv
 from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset
-from pflkit.engine.clients import (
-    ClientRunner,
-    Job,
-    TrainJob,
-    reply,
-    run_job,
-    unpack_replies,
-    worker_setup,
-)
+from pflkit.engine import worker
+from pflkit.engine.clients import ClientRunner, Job, TrainJob, reply, run_job, unpack_replies
+from pflkit.engine.runners import RUNNERS
 from pflkit.errors import PflkitError
 
 NEEDS_RAY = "engine.runner: ray needs Ray: pip install 'pflkit[ray]'"
@@ -63,8 +57,9 @@ def _import_ray() -> Any:
     return ray
 
 
+@RUNNERS.register("ray", "actors on a Ray cluster (engine.ray_address; pip install 'pflkit[ray]')")
 def ray_runner(cfg: ExperimentConfig) -> RayRunner:
-    """The :class:`RayRunner` that ``cfg.engine`` asks for (``pflkit.engine.simulation.runner_for``), its settings
+    """``engine.runner: ray``: the :class:`RayRunner` that ``cfg.engine`` asks for, its settings
     checked here, before anything is built: Ray importable, and the device and
     ``engine.ray_gpus`` agreeing (actors with GPUs train on the GPU Ray gives them, actors
     without on their CPUs, and the server on ``device``)."""
@@ -95,18 +90,16 @@ class ClientActor:
         self.algo: Algorithm | None = None
         self.envs: list[ClientEnv] = []
 
-    def setup(
-        self, cfg_dump: dict[str, Any], data: FederatedDataset, threads: int, device: str
-    ) -> bytes:
-        """Build the algorithm and the environments on ``device`` (``cuda``: the GPU, or
-        share of one, that Ray gave this actor); the pickled reply
-        (:func:`~pflkit.engine.clients.reply`) of this actor's Ray node id."""
+    def setup(self, spec: worker.WorkerSpec, data: FederatedDataset) -> bytes:
+        """Build the algorithm and the environments (:func:`~pflkit.engine.worker.start_worker`)
+        on ``spec.device`` (``cuda``: the GPU, or share of one, that Ray gave this actor); the
+        pickled reply (:func:`~pflkit.engine.clients.reply`) of this actor's Ray node id."""
 
         def work() -> str:
             import ray
 
-            dump = {**cfg_dump, "device": device}
-            self.algo, self.envs = worker_setup(dump, data, threads)
+            built = worker.start_worker(spec, data)
+            self.algo, self.envs = built.algo, built.envs
             return ray.get_runtime_context().get_node_id()
 
         return reply(work)
@@ -137,7 +130,7 @@ class RayRunner(ClientRunner):
         self.address = address
         self.cpus = cpus
         self.gpus = gpus
-        self.cfg_dump: dict[str, Any] | None = None
+        self.cfg: ExperimentConfig | None = None
         self.num_clients = 0
         self.data: FederatedDataset | None = None
         self.data_ref: Any = None  # the dataset in the cluster's object store
@@ -147,7 +140,7 @@ class RayRunner(ClientRunner):
         self.owns_ray = False  # this runner called ray.init (so close calls ray.shutdown)
 
     def start(self, cfg: ExperimentConfig, data: FederatedDataset) -> None:
-        self.cfg_dump = cfg.dump()
+        self.cfg = cfg
         self.data = data
         self.num_clients = data.num_clients
 
@@ -202,7 +195,7 @@ class RayRunner(ClientRunner):
     def _actors(self) -> list[Any]:
         if self.actors:
             return self.actors
-        if self.cfg_dump is None:
+        if self.cfg is None:
             raise RuntimeError("RayRunner.start(cfg, data) was not called before run")
         ray = self._connect()
         n = self._count(ray)
@@ -212,8 +205,8 @@ class RayRunner(ClientRunner):
         # spread the actors over the nodes (the default packs them onto the first)
         actors = [remote.options(scheduling_strategy="SPREAD").remote() for _ in range(n)]
         self.actors = actors
-        device = "cuda" if self.gpus else "cpu"
-        refs = [a.setup.remote(self.cfg_dump, self.data_ref, self.threads, device) for a in actors]
+        spec = worker.WorkerSpec(self.cfg, self.threads, "cuda" if self.gpus else "cpu")
+        refs = [a.setup.remote(spec, self.data_ref) for a in actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SETUP_TIMEOUT)
         if len(ready) < len(refs):
             self.close(kill=True)

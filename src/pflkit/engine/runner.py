@@ -342,7 +342,7 @@ def _run_locked(
                     sim.save(run_dir / CHECKPOINT, fp)
                     then = (
                         f"pflkit run --resume {run_dir} --set {why[1]}"
-                        if sim.runner.keeps_state
+                        if sim.states_here
                         else f"set {why[1]} and run it again"
                     )
                     raise PflkitError(f"{why[0]}; stopped after round {rnd}: to go on, {then}")

@@ -40,12 +40,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from pflkit.algorithms import build_algorithm
-from pflkit.algorithms.base import State, Upload, nbytes, parse_params
+from pflkit.algorithms.base import State, Upload, nbytes
 from pflkit.algorithms.context import ServerContext
 from pflkit.config import ExperimentConfig, resolve_device
 from pflkit.data.federated import FederatedDataset, build_federated
-from pflkit.engine import vectorized
+from pflkit.engine import ray_runner, vectorized, worker  # noqa: F401 (ray_runner: its entry)
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import (
     EVALUATE,
@@ -55,18 +54,18 @@ from pflkit.engine.clients import (
     ProcessPool,
     TrainJob,
     init_client,
-    make_runner,
     round_context,
     seed_torch,
     system_draw,
 )
-from pflkit.engine.envs import make_envs
 from pflkit.engine.limits import check_machine, footprint
 from pflkit.engine.population import TrainedClients, eval_sample, held_out, training_clients
-from pflkit.engine.states import ClientStates
+from pflkit.engine.runners import lookup_runner
+from pflkit.engine.states import ClientStates, StatesElsewhere
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
 from pflkit.eval.evaluate import holdout_metrics, sampled_metrics, trained_split
+from pflkit.experiment import algorithm_of
 from pflkit.privacy import client_dp, dpsgd
 
 
@@ -101,15 +100,11 @@ def sample_clients(
     return sorted(int(pool[c]) for c in rng.choice(k, m, replace=False))
 
 
-def runner_for(cfg: ExperimentConfig) -> ClientRunner:
-    """The runner ``cfg.engine`` asks for: Ray actors on a cluster with ``engine.runner: ray``
-    (:func:`~pflkit.engine.ray_runner.ray_runner`; Ray is optional, imported only then),
-    else this process or a pool of worker processes (:func:`~pflkit.engine.clients.make_runner`)."""
-    if cfg.engine.runner == "ray":
-        from pflkit.engine.ray_runner import ray_runner
-
-        return ray_runner(cfg)
-    return make_runner(cfg)
+def runner_for(cfg: ExperimentConfig, **options: Any) -> ClientRunner:
+    """The runner ``engine.runner`` names (:data:`~pflkit.engine.runners.RUNNERS`: ``pool``,
+    the default, ``in-process``, ``ray``, ``flower`` and any a plug-in registers), built by
+    its factory from ``cfg`` and ``options``; an unknown name is one sentence."""
+    return lookup_runner(cfg.engine.runner).factory(cfg, **options)
 
 
 EVAL_CHUNK = 1024  # evaluation jobs handed to the runner at once, at most
@@ -140,9 +135,12 @@ class Simulation:
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        parse_params(cfg.algorithm)  # fail on bad parameters before the (slow) data load
+        algorithm_of(cfg)  # parsed once (validate did); bad parameters fail before the data load
         self.runner = runner if runner is not None else runner_for(cfg)
-        if held_out(cfg) and not self.runner.keeps_state:
+        # where client states live, decided once: here (jobs carry them, checkpoints hold
+        # them) or where the runner's clients run (Flower's nodes: jobs carry none)
+        self.states_here = self.runner.keeps_state
+        if held_out(cfg) and not self.states_here:
             raise PflkitError(
                 "data.holdout_clients needs client states in the engine, which this runner "
                 "(Flower) keeps on its nodes: run it in the simulation, or set it to 0"
@@ -155,8 +153,8 @@ class Simulation:
             clients = self.data.clients
             val_x = torch.cat([c.val_x for c in clients])
             self.val_xy = (val_x, torch.cat([c.val_y for c in clients]))
-        self.senv, self.envs = make_envs(cfg, self.data)
-        self.algo = build_algorithm(cfg.algorithm)
+        # this process's algorithm and environments, built as every runner's workers build theirs
+        self.algo, self.senv, self.envs = worker.start_worker(worker.WorkerSpec(cfg), self.data)
         self.algo.check(self.senv)
         if self.runner.vectorize:
             vectorized.check_models(self.senv)
@@ -168,12 +166,16 @@ class Simulation:
         self.sample_dp = dpsgd.EpsilonTable() if cfg.privacy.sample_dp is not None else None
         seed_torch(cfg.seed, 0, 0xD0)
         self.server: State = self.algo.server_init(self.senv)
-        # the clients' states (in-process and process-pool runners), bounded in memory
-        self.clients = ClientStates(
-            lambda cid: init_client(self.algo, self.envs[cid], cfg.seed),
-            cfg.engine.state_memory,
-            state_dir,
-            self.senv.device,
+        # the clients' states, bounded in memory, where the engine holds them
+        self.clients: ClientStates | StatesElsewhere = (
+            ClientStates(
+                lambda cid: init_client(self.algo, self.envs[cid], cfg.seed),
+                cfg.engine.state_memory,
+                state_dir,
+                self.senv.device,
+            )
+            if self.states_here
+            else StatesElsewhere()
         )
         # who has trained by a round: derived from the seeds alone (nothing to checkpoint)
         self.trained = TrainedClients(cfg, self.data.num_clients, sample_clients)
@@ -207,7 +209,7 @@ class Simulation:
         r = self.runner
         if workers is None and not isinstance(r, ProcessPool | InProcess):
             return
-        stateful = self.stateful_clients() if self.runner.keeps_state else 0
+        stateful = self.stateful_clients() if self.states_here else 0
         fp = footprint(self.cfg, self.algo, self.envs, stateful)
         if workers is not None:
             check_machine(self.cfg, fp, workers, 1, state_dir, what)
@@ -227,14 +229,14 @@ class Simulation:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- client state store (in-process and process-pool runners) ---------------------------------
-    def client_state(self, cid: int) -> State:
+    # -- client state store (runners whose clients keep no state of their own) --------------------
+    def client_state(self, cid: int) -> State | None:
         return self.clients.get_or_init(cid)
 
     def job_state(self, cid: int) -> State | None:
         """Client ``cid``'s state as its job carries it: None where the runner's clients keep
-        their own (Flower nodes)."""
-        return self.client_state(cid) if self.runner.keeps_state else None
+        their own (Flower nodes; :class:`~pflkit.engine.states.StatesElsewhere`)."""
+        return self.clients.get_or_init(cid)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: Path, fingerprint: str = "") -> None:
@@ -243,7 +245,7 @@ class Simulation:
         states that changed since the last checkpoint are written to the state folder, and
         the checkpoint records the index of the versions it stands for
         (:meth:`~pflkit.engine.states.ClientStates.commit`)."""
-        if not self.runner.keeps_state:  # client state lives elsewhere (Flower nodes)
+        if not self.states_here:  # client state lives elsewhere (Flower nodes)
             return
         index = self.clients.commit()
         state = {"round": self.round, "server": self.server, "client_states": index}
@@ -343,8 +345,7 @@ class Simulation:
             failed += [cid for cid in payloads if cid not in updates]
             uploads = {cid: update.upload for cid, update in updates.items()}
             for cid, update in updates.items():
-                if self.runner.keeps_state:
-                    self.clients[cid] = update.state
+                self.clients[cid] = update.state  # where states live elsewhere: None, ignored
                 up[cid] += nbytes(update.upload)
                 if self.sample_dp is not None:
                     self.sample_dp.record(cid, update.metrics)

@@ -290,3 +290,37 @@ class ClientStates(MutableMapping[int, State]):
         if self._own_folder and self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+
+class StatesElsewhere(MutableMapping[int, State]):
+    """The engine's side of client states that live where the clients run (a runner whose
+    ``keeps_state`` is False: Flower's SuperNodes): it holds none, so a job carries none
+    (:meth:`get_or_init` is None), a new state that a result brings (None) is dropped, and
+    there is nothing to restore or to write."""
+
+    bytes_in_memory = 0
+    reads = writes = 0
+
+    def __getitem__(self, cid: int) -> State:
+        raise KeyError(cid)
+
+    def __setitem__(self, cid: int, state: State) -> None:
+        pass
+
+    def __delitem__(self, cid: int) -> None:
+        raise KeyError(cid)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def get_or_init(self, cid: int) -> None:
+        return None
+
+    def restore(self, index: dict[str, Any] | None, prune: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -38,14 +38,16 @@ serverapp = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     from pflkit.config import config_text
     from pflkit.engine.runner import run_experiment
+    from pflkit.engine.runners import RUNNERS
     from pflkit.experiment import validate
+    from pflkit.flower import server  # noqa: F401 (registers engine.runner: flower)
     from pflkit.flower.secagg import SecAggOptions
-    from pflkit.flower.server import FlowerRunner
 
     rc = context.run_config
     try:
         cfg = validate(config_text(str(rc["config"]), "the run config's 'config'"))
-        runner = FlowerRunner(
+        runner = RUNNERS["flower"].factory(
+            cfg,
             grid,
             node_wait=float(rc.get("node-wait", 60)),
             round_timeout=float(rc.get("round-timeout", 0)) or None,

@@ -10,7 +10,8 @@ Message types (the server side is :mod:`pflkit.flower.server`):
 
 - ``query``: reply with the hosted client ids;
 - ``train``: seed torch exactly as the embedded engine does, run ``client_update`` on the
-  payload, keep the new state, reply with the upload and the metrics;
+  payload in the round context the job carries (``ctx``: the server's, never rebuilt here),
+  keep the new state, reply with the upload and the metrics;
 - ``train`` with SecAgg+'s record (``--secagg``, :mod:`pflkit.flower.secagg`): Flower's
   ``secaggplus_mod`` answers the protocol's stages; in its collect stage the node trains all
   its clients of the round as above and hands the mod the weighted mean of their uploads,
@@ -62,26 +63,22 @@ def hosted_clients(node_config: dict[str, Any]) -> list[int]:
 
 
 class Worker:
-    """Data, client environments and algorithm built from one config (cached per process).
-    The node builds every client's environment from the config; it runs only the clients it
-    hosts."""
+    """Data, client environments and algorithm built from one config (cached per process),
+    with :func:`~pflkit.engine.worker.start_worker` like every runner's workers. The node
+    builds every client's environment from the config; it runs only the clients it hosts."""
 
     _cache: dict[str, Worker] = {}
 
     def __init__(self, text: str):
-        import torch
-
-        from pflkit.algorithms import build_algorithm
         from pflkit.config import config_text
         from pflkit.data.federated import build_federated
-        from pflkit.engine.envs import make_envs
+        from pflkit.engine import worker
         from pflkit.experiment import validate
 
+        # the config crossed the network as text: validated here, once per node process
         self.cfg = validate(config_text(text, "the run config's 'config'"))
-        if self.cfg.threads:
-            torch.set_num_threads(self.cfg.threads)
-        _, self.envs = make_envs(self.cfg, build_federated(self.cfg.data))
-        self.algo = build_algorithm(self.cfg.algorithm)
+        spec = worker.WorkerSpec(self.cfg, threads=self.cfg.threads)
+        self.algo, _, self.envs = worker.start_worker(spec, build_federated(self.cfg.data))
 
     @classmethod
     def get(cls, text: str) -> Worker:
@@ -135,20 +132,18 @@ def secagg_mod(msg: Message, context: Context, call_next) -> Message:
 
 
 def _train_one(w: Worker, msg: Message, context: Context, cid: int, info: dict[str, Any]):
-    """Train client ``cid`` on its payload in ``msg`` and keep its new state: (upload,
-    metrics, rounds its state has seen), or None when it diverged (``train.on_nan:
-    skip_client``)."""
-    from pflkit.engine.clients import round_context, system_draw, train_client
+    """Train client ``cid`` on its payload in ``msg``, in the round context its job carries,
+    and keep its new state: (upload, metrics, rounds its state has seen), or None when it
+    diverged (``train.on_nan: skip_client``)."""
+    from pflkit.engine.clients import train_client
     from pflkit.flower import codec
 
-    rnd, p = int(info["round"]), int(info["phase_index"])
+    p = int(info["phase_index"])
     state = w.state(context.state, cid)
-    name = "payload" if "cids" not in info else f"payload.{cid}"
+    one = "cids" not in info  # else SecAgg+: one message for the node's clients of the round
+    name = "payload" if one else f"payload.{cid}"
     payload = codec.get(msg.content, name, device=w.envs[cid].device)
-    phase = str(info["phase"])
-    run = w.envs[cid].run  # a straggler of the round, drawn as the server draws it
-    straggler = system_draw(run.system, run.seed, rnd, cid)[1]
-    ctx = round_context(run, rnd, phase, straggler)
+    ctx = received_context(msg, "ctx" if one else f"ctx.{cid}")
     update = train_client(w.algo, w.envs[cid], payload, state, ctx, p)
     if update is None:
         return None
@@ -221,11 +216,11 @@ def secure_train(msg: Message, context: Context, info: dict[str, Any], w: Worker
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    from pflkit.engine.clients import EVALUATE, evaluate_client, round_context
+    from pflkit.engine.clients import evaluate_client
     from pflkit.flower import codec
 
     info, w = _open(msg)
-    cid, rnd = int(info["cid"]), int(info["round"])
+    cid = int(info["cid"])
     view = codec.get(msg.content, "view", device=w.envs[cid].device)
     state = w.state(context.state, cid)
     selected = info["mode"] == "selected"
@@ -233,11 +228,28 @@ def evaluate(msg: Message, context: Context) -> Message:
         codec.get(context.state, f"upload.{cid}", device=w.envs[cid].device) if selected else None
     )
     e = w.cfg.eval
-    ctx = round_context(w.envs[cid].run, rnd, EVALUATE)
+    ctx = received_context(msg, "ctx")
     acc = evaluate_client(
         w.algo, w.envs[cid], view, state, ctx, e.batch_size, upload, e.finetune_epochs
     )
     return _reply(msg, accuracy=acc)  # {"test": ..., "val": ...}: split -> accuracy
+
+
+def context_data(ctx: Any) -> dict[str, Any]:
+    """A job's :class:`~pflkit.algorithms.RoundContext` as plain data (its fields: numbers,
+    strings, a bool), which crosses Flower's records exactly (:mod:`pflkit.flower.codec`)."""
+    import dataclasses
+
+    return dataclasses.asdict(ctx)
+
+
+def received_context(msg: Message, name: str) -> Any:
+    """The :class:`~pflkit.algorithms.RoundContext` the server's job sent under ``name``
+    (:func:`context_data`): the node runs in the job's context, never one it rebuilds."""
+    from pflkit.algorithms.context import RoundContext
+    from pflkit.flower import codec
+
+    return RoundContext(**codec.get(msg.content, name))
 
 
 def info_record(config_text: str, **values: Any) -> ConfigRecord:

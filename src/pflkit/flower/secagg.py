@@ -39,11 +39,14 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pflkit.errors import PflkitError
+
+if TYPE_CHECKING:
+    from pflkit.config import ExperimentConfig
 
 DEFAULT_CLIP = 8.0  # Flower's default clipping range
 DEFAULT_QUANTIZATION = 2**22  # Flower's default quantization range
@@ -141,12 +144,19 @@ def eligible() -> list[str]:
     return sorted(n for n in ALGORITHMS if declared(ALGORITHMS.lookup(n)) is not None)
 
 
-def secure_keys(algo_cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
-    """(The upload keys summed, whether the mean is uniform) of a config's algorithm; refuses
+def secure_keys(cfg: ExperimentConfig | Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """(The upload keys summed, whether the mean is uniform) of a config's algorithm (``cfg``:
+    the config, whose parsed section is used, or an algorithm section, parsed here); refuses
     one that needs more than the mean of its uploads with one sentence."""
     from pflkit.algorithms.base import parse_params
+    from pflkit.config import ExperimentConfig
+    from pflkit.experiment import algorithm_of
 
-    cls, params = parse_params(algo_cfg)
+    if isinstance(cfg, ExperimentConfig):
+        typed = algorithm_of(cfg)
+        cls, params = typed.cls, typed.params
+    else:
+        cls, params = parse_params(cfg)
     name = cls.name
     weighting = getattr(params, "weighting", "samples")
     entry = declared(cls)

@@ -3,8 +3,9 @@
 :class:`FlowerRunner` is a :class:`~pflkit.engine.clients.ClientRunner`: the engine's own
 :class:`~pflkit.engine.simulation.Simulation` runs the round loop (sampling, seeding,
 aggregation, evaluation, the run folder) and hands the client side (training, evaluation) to
-this runner as jobs, which it sends out as Flower messages; the nodes run the same client
-functions as every other runner, so a Flower run reproduces the embedded run of the same config
+this runner as jobs, which it sends out as Flower messages (payload or view, and the job's
+round context as plain data: the nodes run in it, they do not rebuild it); the nodes run the
+same client functions as every other runner, so a Flower run reproduces the embedded run of the same config
 and seed. Client state lives on the nodes: jobs carry none and results return none.
 
 - **Node discovery.** The server asks every connected SuperNode which clients it hosts
@@ -34,9 +35,10 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from pflkit.algorithms.base import Update
 from pflkit.config import resolve_device
 from pflkit.engine.clients import ClientRunner, EvalJob, TrainJob
+from pflkit.engine.runners import RUNNERS
 from pflkit.errors import PflkitError
 from pflkit.flower import codec
-from pflkit.flower.client import INFO, info_record
+from pflkit.flower.client import INFO, context_data, info_record
 from pflkit.flower.secagg import SecAggOptions, check_rounds, secure_keys, secure_phase
 
 
@@ -72,7 +74,7 @@ class FlowerRunner(ClientRunner):
         self.rounds = cfg.train.rounds
         self.device = torch.device(resolve_device(cfg.device))  # where uploads are decoded to
         if self.secagg is not None:  # refuse an algorithm that needs each upload before waiting
-            self.secure_keys, self.uniform = secure_keys(cfg.algorithm)
+            self.secure_keys, self.uniform = secure_keys(cfg)
         self.discover(self.node_wait)
         if self.secagg is not None:
             check_rounds(cfg, self.node_of, self.secagg)
@@ -191,7 +193,7 @@ class FlowerRunner(ClientRunner):
         replies = self._send(
             "train",
             ctx.round,
-            {job.cid: {"payload": job.payload} for job in jobs},
+            {job.cid: {"payload": job.payload, "ctx": context_data(job.ctx)} for job in jobs},
             phase_index=jobs[0].phase_index,
             phase=ctx.phase,
         )
@@ -238,6 +240,7 @@ class FlowerRunner(ClientRunner):
                 max_weight=total,
             )
             values = {f"payload.{j.cid}": j.payload for j in js}
+            values |= {f"ctx.{j.cid}": context_data(j.ctx) for j in js}
             contents[node] = codec.put_all(RecordDict({INFO: record}), values)
         if len(by_node) < 2:  # earlier failures left one node: its sum would be its upload
             for js in by_node.values():
@@ -272,7 +275,7 @@ class FlowerRunner(ClientRunner):
         upload) uses the upload each node kept from the round's training. Per client: its
         accuracy per split (``"test"``, and ``"val"`` with a validation split)."""
         mode = "personal" if jobs[0].upload is None else "selected"
-        views = {job.cid: {"view": job.view} for job in jobs}
+        views = {job.cid: {"view": job.view, "ctx": context_data(job.ctx)} for job in jobs}
         replies = self._send("evaluate", jobs[0].ctx.round, views, mode=mode)
         return {cid: codec.get(content, "accuracy") for cid, content in replies.items()}
 
@@ -318,3 +321,17 @@ def record_bytes(content: RecordDict) -> int:
 
 def short(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:8])) + (" ..." if len(ids) > 8 else "")
+
+
+@RUNNERS.register("flower", "Flower SuperNodes, from Flower's ServerApp (pflkit flower local/run)")
+def flower_runner(cfg: Any, grid: Any = None, **options: Any) -> FlowerRunner:
+    """``engine.runner: flower``: a :class:`FlowerRunner` on Flower's ``grid`` of SuperNodes,
+    with ``options`` (``node_wait``, ``round_timeout``, ``log``, ``secagg``). Only Flower's
+    ServerApp (:mod:`pflkit.flower.apps`) has a grid; without one, one sentence."""
+    if grid is None:
+        raise PflkitError(
+            "engine.runner: flower sends the clients' work from Flower's ServerApp, which a "
+            "plain run does not start: run the config with `pflkit flower local` or `pflkit "
+            "flower run`, or set engine.runner: pool"
+        )
+    return FlowerRunner(grid, **options)
