@@ -25,7 +25,8 @@ class RunInterrupted(PflkitError):
         self.signal = signal
         """The signal that stopped the run: ``"SIGINT"`` or ``"SIGTERM"``."""
 
-    def __reduce__(self):  # survives pickling (compare's worker processes)
+    # survives pickling (compare's worker processes)
+    def __reduce__(self) -> tuple[type[RunInterrupted], tuple[str, str]]:
         return (type(self), (str(self), self.signal))
 
 

@@ -17,7 +17,7 @@ Plugins (:mod:`pflkit.plugins`) go through the same two methods.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from pflkit.errors import PflkitError, unknown_name
@@ -59,11 +59,12 @@ class Registry(dict[str, T], Generic[T]):
     def register(self, name: str, description: str, **extra: Any) -> Callable[[Any], Any]:
         """Decorator: register the decorated function as ``name`` (its info record, with
         ``description`` and ``extra`` fields) and return the function unchanged."""
-        if self.info is None:
+        info = self.info
+        if info is None:
             raise TypeError(f"{self.kind}s register with add(), not register()")
 
         def decorate(fn: Any) -> Any:
-            self.add(self.info(name, description, fn, **extra))
+            self.add(info(name, description, fn, **extra))
             return fn
 
         return decorate
@@ -76,4 +77,5 @@ class Registry(dict[str, T], Generic[T]):
 
     def descriptions(self) -> dict[str, str]:
         """Each name's one-line description (``pflkit list``)."""
-        return {name: entry.description for name, entry in self.items()}
+        entries: Mapping[str, Any] = self  # every entry has a description (module docstring)
+        return {name: entry.description for name, entry in entries.items()}

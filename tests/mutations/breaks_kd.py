@@ -277,8 +277,8 @@ BREAKS = [
         "feddf",
         "ensemble averages probabilities, not logits",
         "algorithms/feddf.py",
-        "z = predict(model, env.public_x, 1000).double()",
-        "z = torch.softmax(predict(model, env.public_x, 1000).double(), dim=1)",
+        "z = predict(model, x, 1000).double()",
+        "z = torch.softmax(predict(model, x, 1000).double(), dim=1)",
         FEDDF,
     ),
     Break(

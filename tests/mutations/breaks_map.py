@@ -108,8 +108,8 @@ BREAKS = [
         "fedphp",
         "FedPHP uploads its HPM",
         "algorithms/fedphp.py",
-        'upload = {"weights": get_weights(model), "num_samples": env.num_train}',
-        'upload = {"weights": state["hpm"], "num_samples": env.num_train}',
+        'upload: WeightsUpload = {"weights": get_weights(model), "num_samples": env.num_train}',
+        'upload: WeightsUpload = {"weights": state["hpm"], "num_samples": env.num_train}',
         FEDPHP,
     ),
     # -- FedRS -------------------------------------------------------------------------------------

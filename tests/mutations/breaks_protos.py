@@ -152,8 +152,8 @@ BREAKS = [
         "fesem",
         "clients download w^0 instead of their centre",
         "algorithms/fesem.py",
-        'return server["weights"] if k is None else server["centers"][k]',
-        'return server["weights"]',
+        'center: Weights = server["weights"] if k is None else server["centers"][k]',
+        'center: Weights = server["weights"]',
         (FS + "test_each_client_downloads_and_is_scored_on_its_own_centre",),
     ),
     # -- L2GD --------------------------------------------------------------------------------------

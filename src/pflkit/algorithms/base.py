@@ -44,7 +44,7 @@ from pydantic import Field, ValidationError
 from torch import Tensor, nn
 
 from pflkit.algorithms.context import RoundContext as RoundContext
-from pflkit.algorithms.context import ServerContext  # re-exported
+from pflkit.algorithms.context import ServerContext as ServerContext  # re-exported
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.records import Empty as Empty  # the base records, re-exported
 from pflkit.algorithms.records import Upload as Upload
@@ -165,7 +165,7 @@ class Algorithm:
         return {}
 
     # -- one exchange --------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
+    def configure(self, env: ServerEnv, server: Any, cid: int, ctx: ServerContext) -> Payload:
         """What client ``cid`` downloads for phase ``ctx.phase`` of round ``ctx.round``
         (counted as communication); default the global model as ``{"weights": ...}``."""
         return {"weights": server["weights"]}
@@ -176,15 +176,16 @@ class Algorithm:
         raise NotImplementedError
 
     def aggregate(
-        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
+        self, env: ServerEnv, server: Any, uploads: Mapping[int, Any], ctx: ServerContext
     ) -> State:
         """The server state after phase ``ctx.phase`` of round ``ctx.round``, from the
-        selected clients' ``uploads`` (client id -> upload)."""
+        selected clients' ``uploads`` (client id -> upload). ``server`` and the uploads are
+        typed ``Any`` here so that each algorithm annotates them with its own records."""
         raise NotImplementedError
 
     # -- evaluation ----------------------------------------------------------------------------
     def eval_view(
-        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+        self, env: ServerEnv, server: Any, cid: int | None, ctx: ServerContext
     ) -> Payload:
         """What client ``cid`` needs from the server to be scored after round ``ctx.round``
         (sent in every engine), or with ``cid`` None the server's own model, scored on the
@@ -197,9 +198,9 @@ class Algorithm:
         self,
         env: ClientEnv,
         view: Payload,
-        state: State,
+        state: Any,
         ctx: RoundContext,
-        upload: Upload | None = None,
+        upload: Any = None,
     ) -> nn.Module:
         """The module scored on the client's local test (and validation) split: its
         personalized model after round ``ctx.round`` (``ctx.phase`` is ``"evaluate"``; a
@@ -235,9 +236,7 @@ class Algorithm:
             )
         return inner.features(x)
 
-    def adapt_holdout(
-        self, env: ClientEnv, payload: Payload, state: State, ctx: RoundContext
-    ) -> State:
+    def adapt_holdout(self, env: ClientEnv, payload: Any, state: Any, ctx: RoundContext) -> Any:
         """The personalization step of a held-out client (``data.holdout_clients``: a client
         that never trains), run before it is scored with :meth:`personal_model`. The engine
         calls it once per phase of ``phases(round)``, in order, with the payload ``configure``
@@ -255,7 +254,7 @@ class Algorithm:
         return self.client_update(env, payload, state, ctx).state
 
 
-def load_model(env: ClientEnv, weights: Weights, slot: int | str = 0) -> nn.Module:
+def load_model(env: ClientEnv, weights: Weights, slot: int | str = 0) -> PFLModel:
     """The client's reusable model in ``slot`` holding ``weights`` (what
     :meth:`Algorithm.personal_model` returns for a plain personalized model)."""
     model = env.model(slot)
@@ -403,7 +402,7 @@ def build_algorithm(algo_cfg: Mapping[str, Any]) -> Algorithm:
 
 def train_from(
     env: ClientEnv, weights: Weights, ctx: RoundContext, slot: int | str = 0, **overrides: Any
-):
+) -> tuple[Weights, float]:
     """Load ``weights`` into the client's reusable model, train it locally in round context
     ``ctx`` (:meth:`ClientEnv.train`), return ``(new weights, mean loss)``: the body of every
     FedAvg-like client step."""

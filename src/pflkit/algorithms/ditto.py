@@ -50,7 +50,7 @@ Deviations and options:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +87,9 @@ class DittoState(TypedDict):
     personal: NotRequired[Weights]
 
 
-def _smooth_l1_proximal(model, x, y, t: Mapping, lam: float) -> torch.Tensor:
+def _smooth_l1_proximal(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, t: Mapping[str, Any], lam: float
+) -> torch.Tensor:
     terms = [F.smooth_l1_loss(p, t["anchor"][k]) for k, p in model.named_parameters()]
     return cross_entropy(model, x, y) + lam * sum(terms) / len(terms)
 

@@ -41,6 +41,16 @@ from pflkit.primitives.training import (
 )
 
 
+def given(t: Tensor | None, what: str) -> Tensor:
+    """``t``, narrowed from ``Tensor | None`` for the type checker where the engine guarantees
+    it is there: a client's train and test splits always are (``ClientData`` requires them),
+    the public set is once the algorithm's ``check`` refused a run without one. None is a bug
+    of the caller, raised as a RuntimeError naming ``what``."""
+    if t is None:
+        raise RuntimeError(f"{what} is missing: the engine guarantees it here")
+    return t
+
+
 class ModelPool:
     """Builds models by architecture key and keeps one reusable instance per (arch, slot)."""
 
@@ -171,15 +181,13 @@ class ClientEnv:
                 per_epoch = steps_per_epoch(self.num_train, kwargs["batch_size"], ctx.drop_last)
                 steps = kwargs["epochs"] * per_epoch
             kwargs["steps"] = ctx.work_steps(steps)
+        x, y = given(self.data.train_x, "train_x"), given(self.data.train_y, "train_y")
         if self.run.sample_dp is not None:
             from pflkit.privacy.dpsgd import dp_sgd  # imports Opacus: only when asked for
 
-            d = self.data
-            return dp_sgd(
-                model, d.train_x, d.train_y, self.run.sample_dp, optim=ctx.optim, **kwargs
-            )
+            return dp_sgd(model, x, y, self.run.sample_dp, optim=ctx.optim, **kwargs)
         sgd = local_sgd if self.sgd is None else self.sgd
-        return sgd(model, self.data.train_x, self.data.train_y, optim=ctx.optim, **kwargs)
+        return sgd(model, x, y, optim=ctx.optim, **kwargs)
 
 
 @dataclass

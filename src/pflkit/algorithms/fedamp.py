@@ -149,7 +149,9 @@ def heuristic_attention(cos: Tensor, cid: int, scale: float, self_weight: float)
     return xi
 
 
-def cloud_model(stored: Sequence[Mapping[str, Tensor]], xi: Tensor, own: Mapping[str, Tensor]):
+def cloud_model(
+    stored: Sequence[Mapping[str, Tensor]], xi: Tensor, own: Mapping[str, Tensor]
+) -> Weights:
     """u = sum_j xi_j stored_j on floating entries (accumulated in float64, cast back; zero
     weights skipped); integer entries are ``own``'s."""
     nz = [j for j in range(len(stored)) if float(xi[j]) != 0.0]
@@ -158,7 +160,9 @@ def cloud_model(stored: Sequence[Mapping[str, Tensor]], xi: Tensor, own: Mapping
     )
 
 
-def pair_stats(a: Mapping[str, Tensor], b: Mapping[str, Tensor], keys: Sequence[str]):
+def pair_stats(
+    a: Mapping[str, Tensor], b: Mapping[str, Tensor], keys: Sequence[str]
+) -> tuple[float, float]:
     """(||a - b||^2, cos(a, b)) over the entries ``keys`` flattened together, in float64."""
     sq = dot = na = nb = 0.0
     for k in keys:
@@ -218,10 +222,10 @@ class FedAMP(Algorithm):
             "cos": torch.ones(n, n, dtype=torch.float64, device=env.device),
         }
 
-    def stored(self, server: State, cid: int) -> Weights:
+    def stored(self, server: FedAMPServer, cid: int) -> Weights:
         return server["models"].get(cid, server["init"])
 
-    def attention_row(self, server: State, cid: int) -> Tensor:
+    def attention_row(self, server: FedAMPServer, cid: int) -> Tensor:
         """xi_i. (float64) for the selected client ``cid`` from the server's pair matrices."""
         p = self.params
         if p.attention == "paper":
@@ -229,7 +233,9 @@ class FedAMP(Algorithm):
         return heuristic_attention(server["cos"][cid], cid, p.heur_sigma, p.heur_self_weight)
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(
+        self, env: ServerEnv, server: FedAMPServer, cid: int, ctx: ServerContext
+    ) -> Payload:
         xi = self.attention_row(server, cid)
         stored = [self.stored(server, j) for j in range(env.num_clients)]
         return {"weights": cloud_model(stored, xi, stored[cid])}
@@ -246,7 +252,13 @@ class FedAMP(Algorithm):
         weights = get_weights(model)
         return Update({"weights": weights}, {**state, "weights": weights}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: FedAMPServer,
+        uploads: Mapping[int, FedAMPUpload],
+        ctx: ServerContext,
+    ) -> State:
         models = dict(server["models"])
         for cid, up in uploads.items():
             models[cid] = up["weights"]

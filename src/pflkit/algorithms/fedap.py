@@ -39,8 +39,8 @@ Deviations (partial participation; FedAP has every client take part):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import NotRequired, TypedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +55,7 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv, given
 from pflkit.algorithms.fedbn import FedBN, FedBNState
 from pflkit.algorithms.pfedsim import warmup_rounds
 from pflkit.algorithms.records import WeightsUpload
@@ -92,10 +92,10 @@ def feature_stats(model: nn.Module, x: Tensor, batch_size: int = 1000) -> Stats:
     """Per-channel mean and (population) variance of the input of every BatchNorm layer of
     ``model`` over the samples ``x`` (eval mode), float64."""
     mods = [m for _, m in bn_modules(model)]
-    acc = [[0.0, 0.0, 0] for _ in mods]  # sum, sum of squares, count
+    acc: list[list[Any]] = [[0.0, 0.0, 0] for _ in mods]  # sum, sum of squares, count
 
-    def hook(i):
-        def fn(module, inputs):
+    def hook(i: int) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
+        def fn(module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
             z = inputs[0].double()
             dims = [0] + list(range(2, z.dim()))
             acc[i][0] = acc[i][0] + z.sum(dims)
@@ -167,14 +167,15 @@ class FedAP(FedBN):
 
     params: Params
 
-    def t_g(self, env) -> int:
+    def t_g(self, env: ServerEnv | ClientEnv) -> int:
         return warmup_rounds(env.run.rounds, self.params.warmup_ratio)
 
     def server_init(self, env: ServerEnv) -> FedAPServer:
         return {**super().server_init(env), "stats": {}, "personal": {}}
 
     def stored(self, server: State, cid: int) -> Weights:
-        return server["personal"].get(cid, server["weights"])
+        weights: Weights = server["personal"].get(cid, server["weights"])
+        return weights
 
     def row(self, server: State, cid: int) -> dict[int, float]:
         stats = server["stats"]
@@ -182,7 +183,7 @@ class FedAP(FedBN):
         dists = [bn_wasserstein(stats[cid], stats[j]) for j in others]
         return fedap_weights(cid, others, dists, self.params.momentum)
 
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         if ctx.round <= self.t_g(env):
             return {"weights": server["weights"]}
         if cid not in server["stats"]:
@@ -197,19 +198,25 @@ class FedAP(FedBN):
     ) -> Update:
         model = env.model()
         start = merged(model, payload["weights"], state["bn"])
-        extra = {}
+        extra: dict[str, Stats] = {}
         if payload.get("need_stats"):
             stats_model = env.model("fedap_stats")
             stats_model.load_state_dict(start)
-            extra["stats"] = feature_stats(stats_model, env.data.train_x)
+            extra["stats"] = feature_stats(stats_model, given(env.data.train_x, "train_x"))
         warm = ctx.round <= self.t_g(env) and self.params.warmup_epochs is not None
-        epochs = {"epochs": self.params.warmup_epochs} if warm else {}
+        epochs: dict[str, Any] = {"epochs": self.params.warmup_epochs} if warm else {}
         weights, loss = train_from(env, start, ctx, **epochs)
         keys = bn_keys(model)
         upload = {"weights": without(weights, keys), "num_samples": env.num_train, **extra}
         return Update(upload, {**state, "bn": only(weights, keys)}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+    def aggregate(  # type: ignore[override]  # FedAP's upload record, not FedAvg's
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, FedAPUpload],
+        ctx: ServerContext,
+    ) -> State:
         if ctx.round <= self.t_g(env):
             return super().aggregate(env, server, uploads, ctx)
         personal, stats = dict(server["personal"]), dict(server["stats"])

@@ -29,7 +29,7 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.records import Empty, WeightsPayload, WeightsServer, WeightsUpload
 from pflkit.primitives.training import LossFn, cross_entropy
 
@@ -69,6 +69,12 @@ class FedAvg(Algorithm):
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, state, {"train_loss": loss})
 
-    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, WeightsUpload],
+        ctx: ServerContext,
+    ) -> State:
         uniform = self.params.weighting == "uniform"
         return {**server, "weights": weighted_average(uploads, uniform=uniform)}

@@ -63,17 +63,18 @@ Deviations and choices:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pflkit.algorithms.base import ServerContext, param, register, weighted_average
+from pflkit.algorithms.base import ServerContext, State, param, register, weighted_average
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.records import WeightsPayload
+from pflkit.algorithms.records import WeightsPayload, WeightsUpload
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import LossFn, Weights, cross_entropy
 
@@ -134,7 +135,7 @@ def positive_loss(layer: nn.Linear, positive_margin: float) -> LossFn:
     """The paper's positive-only loss, mean (max(0, positive_margin - cos(h, w_y)))^2 with h the
     input of ``layer`` (the classifier's final Linear) and w_y its weight row of class y."""
 
-    def loss_fn(model, x, y):
+    def loss_fn(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
         seen: list[Tensor] = []
         handle = layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
         try:
@@ -182,7 +183,13 @@ class FedAwS(FedAvg):
         lr = self.params.server_lr
         return PAPER_LR_MULTIPLIER * env.run.train.lr if lr is None else lr
 
-    def aggregate(self, env, server, uploads, ctx: ServerContext):
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, WeightsUpload],
+        ctx: ServerContext,
+    ) -> State:
         p = self.params
         weights: Weights = weighted_average(uploads, uniform=p.weighting == "uniform")
         key, _ = final_linear(env.model())

@@ -82,7 +82,7 @@ from pflkit.algorithms.blocks.distill import (
     kd_loss,
     require_public,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv, given
 from pflkit.algorithms.records import Empty, WeightsPayload, WeightsUpload
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import Weights, get_weights, predict, set_weights
@@ -192,7 +192,7 @@ class FedDF(Algorithm):
     def check(self, env: ServerEnv) -> None:
         require_public(env, self.name)
         p = self.params
-        n = len(env.public_x)
+        n = len(given(env.public_x, "public_x"))  # require_public: there is one
         if p.server_distill == "feddf" and n - holdout_size(n, p.holdout_fraction) < 1:
             raise PflkitError(
                 f"algorithm '{self.name}': holdout_fraction {p.holdout_fraction} leaves none "
@@ -203,7 +203,7 @@ class FedDF(Algorithm):
         protos = {a: env.init_weights(a) for a in sorted(set(env.archs))}
         return {"protos": protos, "fusion": {}}
 
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         return {"weights": server["protos"][env.arch(cid)]}
 
     def client_update(
@@ -213,13 +213,16 @@ class FedDF(Algorithm):
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, state, {"train_loss": loss})
 
-    def ensemble_teacher(self, env: ServerEnv, uploads: Mapping[int, Upload]) -> torch.Tensor:
+    def ensemble_teacher(
+        self, env: ServerEnv, uploads: Mapping[int, WeightsUpload]
+    ) -> torch.Tensor:
         """``softmax(mean_m f_m(x_pub) / T)`` over every uploaded client model."""
+        x = given(env.public_x, "public_x")  # check: require_public
         logits = None
         for cid, up in uploads.items():
             model = env.model(env.arch(cid), slot="feddf_teacher")
             set_weights(model, up["weights"])
-            z = predict(model, env.public_x, 1000).double()
+            z = predict(model, x, 1000).double()
             logits = z if logits is None else logits + z
         assert logits is not None
         return torch.softmax(logits / len(uploads) / self.params.temperature, dim=1).float()
@@ -227,7 +230,7 @@ class FedDF(Algorithm):
     def fuse(self, env: ServerEnv, model: nn.Module, teacher: Tensor) -> dict[str, float] | None:
         """Distil ``teacher`` (on the whole public set) into ``model`` in place
         (``server_distill``); FedDF's diagnostics, or None for ``one_epoch``."""
-        p, x = self.params, env.public_x
+        p, x = self.params, given(env.public_x, "public_x")  # check: require_public
         if p.server_distill == "one_epoch":
             distill_configured(env.run.train, p, model, x, teacher)
             return None
@@ -248,8 +251,12 @@ class FedDF(Algorithm):
         )
 
     def aggregate(
-        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
-    ):
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, WeightsUpload],
+        ctx: ServerContext,
+    ) -> State:
         teacher = self.ensemble_teacher(env, uploads)  # all clients, every architecture
         protos = dict(server["protos"])
         fusion: dict[str, dict[str, float]] = {}

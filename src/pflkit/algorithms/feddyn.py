@@ -93,7 +93,7 @@ def param_zeros(model: torch.nn.Module) -> Weights:
 def feddyn_server_update(
     theta: Mapping[str, torch.Tensor],
     h: Mapping[str, torch.Tensor],
-    uploads: Mapping[int, Mapping],
+    uploads: Mapping[int, WeightsUpload],
     alpha: float,
     num_clients: int,
     uniform: bool = True,
@@ -159,7 +159,13 @@ class FedDyn(Algorithm):
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, {**state, "grad": new_grad}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, WeightsUpload],
+        ctx: ServerContext,
+    ) -> State:
         p = self.params
         theta, h = feddyn_server_update(
             server["weights"],

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
@@ -68,7 +68,7 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv, given
 from pflkit.data.federated import ClientData
 from pflkit.primitives.training import Weights, predict, set_weights
 
@@ -117,7 +117,9 @@ def fomo_weights(own_loss: float, losses: Sequence[float], dists: Sequence[float
     return raw / total if total > 0 else raw
 
 
-def fomo_combine(own: Mapping[str, torch.Tensor], models: Sequence[Mapping], w: torch.Tensor):
+def fomo_combine(
+    own: Mapping[str, torch.Tensor], models: Sequence[Mapping[str, torch.Tensor]], w: torch.Tensor
+) -> Weights:
     """Eq. 7: own + sum_n w_n (theta_n - own) on floating entries (integer ones: own)."""
     out: Weights = {}
     for k, v in own.items():
@@ -132,27 +134,34 @@ def fomo_combine(own: Mapping[str, torch.Tensor], models: Sequence[Mapping], w: 
     return out
 
 
-def param_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], keys) -> float:
+def param_distance(
+    a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], keys: Sequence[str]
+) -> float:
     """||a - b|| over the entries ``keys`` (the model's parameters), float64."""
-    return float(torch.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in keys)))
+    sq = cast(Tensor, sum(((a[k].double() - b[k].double()) ** 2).sum() for k in keys))
+    return float(torch.sqrt(sq))
 
 
 def val_split(env: ClientEnv, fraction: float) -> tuple[ClientData, torch.Tensor, torch.Tensor]:
     """(the client's data without its validation part, val x, val y): a fixed split drawn from
     (run seed, client), the same in every engine and round."""
     d = env.data
-    n = len(d.train_y)
+    x, y = given(d.train_x, "train_x"), given(d.train_y, "train_y")
+    n = len(y)
     n_val = int(round(fraction * n)) if n >= 2 else 0
     g = torch.Generator().manual_seed(
         int(np.random.SeedSequence([env.run.seed, env.cid, 0xF0]).generate_state(1)[0])
     )
     perm = torch.randperm(n, generator=g, device="cpu").to(env.device)
     val, tr = perm[:n_val], perm[n_val:]
-    train = ClientData(d.train_x[tr], d.train_y[tr], d.test_x, d.test_y)
-    return train, d.train_x[val], d.train_y[val]
+    test_x, test_y = given(d.test_x, "test_x"), given(d.test_y, "test_y")
+    train = ClientData(x[tr], y[tr], test_x, test_y)
+    return train, x[val], y[val]
 
 
-def val_loss(model: torch.nn.Module, weights: Mapping, x: torch.Tensor, y: torch.Tensor) -> float:
+def val_loss(
+    model: torch.nn.Module, weights: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+) -> float:
     set_weights(model, weights)
     return float(F.cross_entropy(predict(model, x), y)) if len(y) else 0.0
 
@@ -206,7 +215,7 @@ class FedFomo(Algorithm):
             chosen.append(i)
         return sorted(avail[i] for i in chosen)
 
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         ids = self.neighbours(env, server, cid, ctx.round)
         payload: Payload = {
             "ids": torch.tensor(ids, dtype=torch.int64, device=env.device),
@@ -236,7 +245,13 @@ class FedFomo(Algorithm):
         upload = {"weights": weights, "ids": payload["ids"], "w": w}
         return Update(upload, {**state, "weights": weights}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, FedFomoUpload],
+        ctx: ServerContext,
+    ) -> State:
         models = dict(server["models"])
         P = server["P"].clone()
         for cid, up in uploads.items():

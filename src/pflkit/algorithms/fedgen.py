@@ -58,7 +58,7 @@ generator labels a step (line 88): set ``gen_batch`` to it (they agree in the cr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,7 @@ from torch import Tensor, nn
 
 from pflkit.algorithms.base import (
     Algorithm,
+    Payload,
     RoundContext,
     ServerContext,
     State,
@@ -76,8 +77,9 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv, given
 from pflkit.algorithms.records import Empty, WeightsUpload
+from pflkit.models import PFLModel
 from pflkit.primitives.training import LossFn, Weights, cross_entropy, get_weights, unprefixed
 
 
@@ -117,7 +119,8 @@ class Generator(nn.Module):
 
     def forward(self, z: Tensor, y: Tensor) -> Tensor:
         h = torch.cat([z, F.one_hot(y, self.num_classes).float()], 1)
-        return self.out(F.relu(self.bn(self.fc(h))))
+        out: Tensor = self.out(F.relu(self.bn(self.fc(h))))
+        return out
 
 
 def noise(n: int, dim: int, like: Tensor) -> Tensor:
@@ -139,10 +142,11 @@ def diversity_loss(z: Tensor, feat: Tensor) -> Tensor:
     return torch.exp(-(nd * fd).mean())
 
 
-def head_logits(model: nn.Module, weights: Mapping[str, Tensor], feat: Tensor) -> Tensor:
+def head_logits(model: PFLModel, weights: Mapping[str, Tensor], feat: Tensor) -> Tensor:
     """The classifier head of ``weights`` (full-model keys) applied to features ``feat``."""
     head = unprefixed(weights, "head.")
-    return torch.func.functional_call(model.head, head, (feat,))
+    logits: Tensor = torch.func.functional_call(model.head, head, (feat,))
+    return logits
 
 
 @register
@@ -186,7 +190,9 @@ class FedGen(Algorithm):
 
     params: Params
 
-    def generator(self, env: ServerEnv | ClientEnv, weights: Mapping | None = None) -> Generator:
+    def generator(
+        self, env: ServerEnv | ClientEnv, weights: Mapping[str, Tensor] | None = None
+    ) -> Generator:
         p = self.params
         latent = env.model().feature_dim
         with torch.random.fork_rng(devices=[]), torch.device("cpu"):
@@ -206,7 +212,7 @@ class FedGen(Algorithm):
             "labels": torch.zeros(0, dtype=torch.int64, device=env.device),
         }
 
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         if not server["trained"]:
             return {"weights": server["weights"]}
         return {"weights": server["weights"], "gen": server["gen"], "labels": server["labels"]}
@@ -220,10 +226,12 @@ class FedGen(Algorithm):
         a_t = p.alpha * p.decay ** (rnd - 1)
         b_t = p.beta * p.decay ** (rnd - 1)
 
-        def loss_fn(model, x, y):
+        def loss_fn(module: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+            model = cast(PFLModel, module)  # the client's PFLModel (env.model)
             logits = model(x)
             if gen.training and len(y) < 2:  # FL-bench skips the batch (BatchNorm needs two)
-                return 0.0 * logits.sum()
+                zero: Tensor = 0.0 * logits.sum()
+                return zero
             loss = F.cross_entropy(logits, y)
             with torch.no_grad():
                 target = F.softmax(model.head(gen(noise(len(y), p.noise_dim, y), y)), 1)
@@ -240,13 +248,14 @@ class FedGen(Algorithm):
     ) -> Update:
         loss_fn = self.local_loss(env, payload, ctx.round) if "gen" in payload else cross_entropy
         weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn)
-        counts = torch.bincount(env.data.train_y, minlength=env.num_classes).double()
+        y = given(env.data.train_y, "train_y")
+        counts = torch.bincount(y, minlength=env.num_classes).double()
         upload = {"weights": weights, "num_samples": env.num_train, "label_counts": counts}
         return Update(upload, state, {"train_loss": loss})
 
     def train_generator(
-        self, env: ServerEnv, server: State, uploads, rnd: int
-    ) -> tuple[dict, Tensor]:
+        self, env: ServerEnv, server: State, uploads: Mapping[int, FedGenUpload], rnd: int
+    ) -> tuple[dict[str, Any], Tensor]:
         p = self.params
         gen = self.generator(env, server["gen"]).train()
         opt = torch.optim.Adam(gen.parameters(), lr=p.gen_lr)
@@ -271,9 +280,12 @@ class FedGen(Algorithm):
             y = labels[draw(len(labels), p.gen_batch, labels)]
             z = noise(p.gen_batch, p.noise_dim, labels)
             feat = gen(z, y)
-            logits = sum(
-                share[k, y].float()[:, None] * head_logits(model, h, feat)
-                for k, h in enumerate(heads)
+            logits = cast(
+                Tensor,
+                sum(
+                    share[k, y].float()[:, None] * head_logits(model, h, feat)
+                    for k, h in enumerate(heads)
+                ),
             )
             loss = F.cross_entropy(logits, y) + p.eta * diversity_loss(z, feat)
             opt.zero_grad(set_to_none=True)
@@ -281,7 +293,13 @@ class FedGen(Algorithm):
             opt.step()
         return {"gen": get_weights(gen), "gen_opt": opt.state_dict()}, labels
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, FedGenUpload],
+        ctx: ServerContext,
+    ) -> State:
         avg = weighted_average(uploads, uniform=self.params.weighting == "uniform")
         gen, labels = self.train_generator(env, server, uploads, ctx.round)
         return {**server, **gen, "weights": avg, "labels": labels, "trained": True}

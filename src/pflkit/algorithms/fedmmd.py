@@ -44,9 +44,11 @@ Gaussian). With ``lam`` = 0 no MMD is computed and the client step is FedAvg's e
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from pflkit.algorithms.base import param, register
 from pflkit.algorithms.blocks.hpm import mmd_loss
@@ -54,17 +56,19 @@ from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.records import WeightsPayload
+from pflkit.models import PFLModel
 from pflkit.primitives.training import LossFn, cross_entropy, set_weights
 
 GLOBAL_SLOT = "fedmmd_global"
 
 
-def fedmmd_loss(global_model: nn.Module, lam: float, kernels: int = 5, mul: float = 2.0) -> LossFn:
+def fedmmd_loss(global_model: PFLModel, lam: float, kernels: int = 5, mul: float = 2.0) -> LossFn:
     """CE(head(h), y) + lam * MMD^2(h, h_g), h the trained model's features and h_g those of
     the frozen ``global_model`` (eval mode, no gradient) on the same batch."""
     global_model.eval()
 
-    def loss_fn(model, x, y):
+    def loss_fn(module: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        model = cast(PFLModel, module)  # the client's PFLModel (env.model)
         h = model.features(x)
         with torch.no_grad():
             h_g = global_model.features(x)

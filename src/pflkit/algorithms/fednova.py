@@ -121,7 +121,9 @@ class FedNovaServer(WeightsServer):
 Variant = Literal["paper", "code"]
 
 
-def nova_norm(steps: int, momentum: float = 0.0, eta_mu: float = 0.0, variant: Variant = "paper"):
+def nova_norm(
+    steps: int, momentum: float = 0.0, eta_mu: float = 0.0, variant: Variant = "paper"
+) -> float:
     """||a_i||_1 of ``steps`` local SGD steps with momentum ``momentum`` and proximal factor
     ``eta_mu`` (= lr * mu): ``"paper"`` the sum of the gradients' coefficients in the local
     update (closed forms in the module docstring), ``"code"`` the FedNova code's recursion."""
@@ -250,7 +252,13 @@ class FedNova(FedAvg):
         new_state = {**state, "weights": trained} if env.run.selected_eval else state
         return Update(upload, new_state, {"train_loss": loss})
 
-    def aggregate(self, env, server: State, uploads: Mapping, ctx: ServerContext) -> State:
+    def aggregate(  # type: ignore[override]  # FedNova's upload record, not FedAvg's
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, FedNovaUpload],
+        ctx: ServerContext,
+    ) -> State:
         p = self.params
         x, m = nova_server_step(
             server["weights"],

@@ -61,7 +61,7 @@ from pflkit.algorithms.base import ServerContext, State, param, register, weight
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.records import WeightsServer
+from pflkit.algorithms.records import WeightsServer, WeightsUpload
 from pflkit.primitives.training import Weights
 
 
@@ -174,7 +174,13 @@ class FedOpt(FedAvg):
         v_init = p.tau**2 if p.v_init is None else p.v_init
         return {"weights": weights, **fedopt_state(weights, keys, p.server_opt, v_init)}
 
-    def aggregate(self, env, server: State, uploads: Mapping, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, WeightsUpload],
+        ctx: ServerContext,
+    ) -> State:
         p = self.params
         mean = weighted_average(uploads, uniform=p.weighting == "uniform")
         x, m, v = fedopt_server_step(

@@ -31,7 +31,7 @@ round's download rather than its last trained model.
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired
+from typing import Literal, NotRequired, cast
 
 from torch import nn
 
@@ -48,7 +48,7 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.hpm import HPMParams, HPMState, personalize
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.records import WeightsPayload
+from pflkit.algorithms.records import WeightsPayload, WeightsUpload
 from pflkit.primitives.training import Weights, get_weights, set_weights
 
 
@@ -77,11 +77,12 @@ class FedPHP(FedAvg):
     ) -> Update:
         model = env.model()
         set_weights(model, payload["weights"])
-        state, loss = personalize(env, model, state, self.params, ctx)
-        upload = {"weights": get_weights(model), "num_samples": env.num_train}
+        hpm, loss = personalize(env, model, state, self.params, ctx)
+        upload: WeightsUpload = {"weights": get_weights(model), "num_samples": env.num_train}
+        new = cast(FedPHPState, hpm)  # the HPM state; "weights" is optional
         if self.params.personal == "trained":
-            state = {**state, "weights": upload["weights"]}
-        return Update(upload, state, {"train_loss": loss})
+            new = {**hpm, "weights": upload["weights"]}
+        return Update(upload, new, {"train_loss": loss})
 
     def personal_model(
         self,

@@ -68,7 +68,7 @@ short batch is used).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, Literal, NotRequired, TypedDict
+from typing import ClassVar, Literal, NotRequired, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +87,7 @@ from pflkit.algorithms.base import (
     register,
 )
 from pflkit.algorithms.blocks.split import common_init
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv, given
 from pflkit.algorithms.records import Empty
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
@@ -139,7 +139,7 @@ def class_prototypes(h: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Te
 
 
 def aggregate_prototypes(
-    uploads: Sequence[Mapping[str, Tensor]], num_classes: int, mode: str = "weighted"
+    uploads: Sequence[FedProtoUpload], num_classes: int, mode: str = "weighted"
 ) -> ProtoSet:
     """The global prototype of every class in ``uploads`` (each ``classes``, ``protos`` and,
     for ``mode="weighted"``, ``counts``): the ``|D_ij| / N_j``-weighted mean (``"weighted"``)
@@ -174,13 +174,13 @@ def merge_prototypes(old: ProtoSet | None, new: ProtoSet) -> ProtoSet:
 
 
 def proto_table(
-    pset: Mapping[str, Tensor] | None, num_classes: int, d: int, device: torch.device
+    pset: Prototypes | Empty | None, num_classes: int, d: int, device: torch.device
 ) -> tuple[Tensor, Tensor]:
     """A prototype set as a dense table ``[num_classes, d]`` (zeros where absent) and the
     mask ``[num_classes]`` of the classes it has."""
     table = torch.zeros(num_classes, d, device=device)
     has = torch.zeros(num_classes, dtype=torch.bool, device=device)
-    if pset and len(pset["classes"]):
+    if pset and "classes" in pset and len(pset["classes"]):
         cls = pset["classes"].to(device)
         table[cls] = pset["protos"].to(device=device, dtype=table.dtype)
         has[cls] = True
@@ -208,7 +208,8 @@ def proto_reg(h: Tensor, y: Tensor, targets: Tensor, has: Tensor, form: str) -> 
     sums = sums.index_add(0, y, h)
     present = (counts > 0) & has
     means = sums[present] / counts[present].unsqueeze(1).to(h.dtype)
-    return torch.linalg.vector_norm(means - targets[present], dim=1).sum()
+    reg: Tensor = torch.linalg.vector_norm(means - targets[present], dim=1).sum()
+    return reg
 
 
 class RunningMeans:
@@ -244,7 +245,8 @@ def prototype_loss(
     target), feeding the features to ``running`` when given."""
     active = bool(has.any()) and lam > 0
 
-    def loss_fn(model, x, y):
+    def loss_fn(module: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        model = cast(PFLModel, module)  # the client's PFLModel (env.model)
         h = model.features(x)
         loss = F.cross_entropy(model.head(h), y)
         if running is not None:
@@ -377,7 +379,7 @@ class FedProto(Algorithm):
         loss_fn: LossFn,
         targets: Tensor,
         has: Tensor,
-        state: State,
+        state: FedProtoState,
         ctx: RoundContext,
     ) -> tuple[float, State, dict[str, float]]:
         """Train ``model`` in place; return (mean loss, extra client state, extra metrics)."""
@@ -389,11 +391,11 @@ class FedProto(Algorithm):
         """(classes, prototypes, |D_ij|) to upload (Eq. 6 post hoc, or the running means)."""
         data = env.data
         if running is None:
-            return class_prototypes(
-                eval_features(model, data.train_x), data.train_y, env.num_classes
-            )
+            x, y = given(data.train_x, "train_x"), given(data.train_y, "train_y")
+            return class_prototypes(eval_features(model, x), y, env.num_classes)
         classes, protos = running.prototypes()
-        counts = torch.bincount(data.train_y, minlength=env.num_classes)[classes]
+        y = given(data.train_y, "train_y")
+        counts = torch.bincount(y, minlength=env.num_classes)[classes]
         return classes, protos, counts
 
     def client_update(
@@ -428,7 +430,11 @@ class FedProto(Algorithm):
         return {"protos": {k: upload[k].clone() for k in ("classes", "protos")}}
 
     def aggregate(
-        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, FedProtoUpload],
+        ctx: ServerContext,
     ) -> State:
         ups = [uploads[c] for c in sorted(uploads) if len(uploads[c]["classes"])]
         if not ups:

@@ -34,6 +34,8 @@ still move during head epochs, as in that code.
 
 from __future__ import annotations
 
+from typing import Self
+
 from pydantic import model_validator
 
 from pflkit.algorithms.base import RoundContext, param, register
@@ -58,7 +60,7 @@ class FedRep(SplitBody):
         )
 
         @model_validator(mode="after")
-        def _some_training(self):
+        def _some_training(self) -> Self:
             if self.head_epochs == 0 and self.body_epochs == 0:
                 raise ValueError("head_epochs and body_epochs cannot both be 0")
             return self

@@ -29,7 +29,7 @@ not say). The hypernetwork P-head of FedRoD's Sec. 4.3 is not implemented.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, cast
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -37,18 +37,16 @@ from torch import Tensor, nn
 from pflkit.algorithms.base import (
     Payload,
     RoundContext,
-    State,
     Update,
-    Upload,
     load_model,
     param,
     register,
 )
 from pflkit.algorithms.blocks.rs import class_counts
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv, given
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.records import WeightsPayload, WeightsServer
+from pflkit.algorithms.records import WeightsPayload, WeightsServer, WeightsUpload
 from pflkit.models import PFLModel
 from pflkit.primitives.training import (
     LossFn,
@@ -87,7 +85,8 @@ def combine(zg: Tensor, zp: Tensor, variant: Variant) -> Tensor:
 def fedrod_loss(phead: nn.Module, counts: Tensor, variant: Variant, gamma: float) -> LossFn:
     """L_generic(G-head(f)) + CE(combine(G-head(f).detach(), P-head(f.detach())), y)."""
 
-    def loss_fn(model, x, y):
+    def loss_fn(module: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        model = cast(PFLModel, module)  # the client's PFLModel (env.model)
         f = model.features(x)
         zg = model.head(f)
         generic = F.cross_entropy(generic_logits(zg, counts, variant, gamma), y)
@@ -146,7 +145,7 @@ class FedRoD(FedAvg):
         set_weights(model, payload["weights"])
         phead = self._phead(env, state["phead"])
         phead.train()
-        counts = class_counts(env.data.train_y, env.num_classes)
+        counts = class_counts(given(env.data.train_y, "train_y"), env.num_classes)
         loss = env.train(
             model,
             ctx,
@@ -161,9 +160,9 @@ class FedRoD(FedAvg):
         self,
         env: ClientEnv,
         view: Payload,
-        state: State,
+        state: FedRoDState,
         ctx: RoundContext,
-        upload: Upload | None = None,
+        upload: WeightsUpload | None = None,
     ) -> nn.Module:
         """The two heads on the received body (under MAP's protocol the uploaded model) with the
         client's private head."""

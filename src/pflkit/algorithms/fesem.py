@@ -59,7 +59,7 @@ Momentum and weight decay are the config's (``train.*``), as for FedAvg.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal, NotRequired, TypedDict
 
 import numpy as np
@@ -82,7 +82,7 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.records import WeightsPayload
+from pflkit.algorithms.records import WeightsPayload, WeightsUpload
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import Weights
 
@@ -106,16 +106,19 @@ _INIT_DRAW = 0xFE5E  # key of the generator that draws the initial centres' clie
 _RANDOM_CENTER = 0xCE  # key of the seed of random centre k
 
 
-def model_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], keys) -> float:
+def model_distance(
+    a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], keys: Sequence[str]
+) -> float:
     """||a - b||_2 over the entries ``keys`` (flattened and concatenated), in float64."""
     total = 0.0
     for k in keys:
         total += float((a[k].double() - b[k].double()).pow(2).sum())
-    return total**0.5
+    dist: float = total**0.5
+    return dist
 
 
 def nearest_center(
-    weights: Mapping[str, torch.Tensor], centers: Mapping[int, Weights], keys
+    weights: Mapping[str, torch.Tensor], centers: Mapping[int, Weights], keys: Sequence[str]
 ) -> int:
     """The E-step for one client: the id of the centre nearest to ``weights`` (lowest id on
     ties)."""
@@ -129,8 +132,8 @@ def nearest_center(
 
 def fesem_step(
     centers: Mapping[int, Weights],
-    uploads: Mapping[int, Upload],
-    keys,
+    uploads: Mapping[int, WeightsUpload],
+    keys: Sequence[str],
     uniform: bool,
 ) -> tuple[dict[int, Weights], dict[int, int]]:
     """One E-step and M-step over ``uploads``: (new centres, each uploader's cluster id).
@@ -186,10 +189,11 @@ class FeSEM(FedAvg):
 
     def center_of(self, server: State, cid: int) -> Weights:
         k = server["assign"].get(cid)
-        return server["weights"] if k is None else server["centers"][k]
+        center: Weights = server["weights"] if k is None else server["centers"][k]
+        return center
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         return {"weights": self.center_of(server, cid)}
 
     def client_update(
@@ -202,7 +206,13 @@ class FeSEM(FedAvg):
             )
         return update
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, WeightsUpload],
+        ctx: ServerContext,
+    ) -> State:
         centers = dict(server["centers"])
         missing = [k for k in range(self.params.num_clusters) if k not in centers]
         if missing:  # init="clients": centres from distinct clients of this round

@@ -55,7 +55,7 @@ gate together, as the code does); its 5-round learning-rate warm-up is not repro
 from __future__ import annotations
 
 import math
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +72,7 @@ from pflkit.algorithms.base import (
     register,
 )
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv, given
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.records import WeightsPayload
 from pflkit.models import PFLModel
@@ -122,7 +122,8 @@ def flda_loss(pmodel: nn.Module, gate: tuple[Tensor, Tensor], variant: Variant) 
     detached in the mixture; map_code 2 * CE(mixed logits, y)."""
     weight, bias = gate
 
-    def loss_fn(model, x, y):
+    def loss_fn(module: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        model = cast(PFLModel, module)  # the client's PFLModel (env.model)
         h = model.features(x)
         zg = model.head(h)
         zp = pmodel(x)
@@ -137,7 +138,9 @@ def flda_loss(pmodel: nn.Module, gate: tuple[Tensor, Tensor], variant: Variant) 
 class GatedMixture(nn.Module):
     """The personalized classifier: ``mixture`` of the general model and the private model."""
 
-    def __init__(self, model: PFLModel, pmodel: PFLModel, gate: tuple[Tensor, Tensor], variant):
+    def __init__(
+        self, model: PFLModel, pmodel: PFLModel, gate: tuple[Tensor, Tensor], variant: Variant
+    ):
         super().__init__()
         self.model, self.pmodel, self.variant = model, pmodel, variant
         self.weight, self.bias = gate
@@ -177,7 +180,7 @@ class FLDA(FedAvg):
 
     def _init_gate(self, env: ClientEnv) -> dict[str, Tensor]:
         if self.params.variant == "paper":
-            d = env.data.train_x[0].numel()
+            d = given(env.data.train_x, "train_x")[0].numel()
         else:
             d = env.model().feature_dim
         bound = 1 / math.sqrt(d)
@@ -225,4 +228,5 @@ class FLDA(FedAvg):
             return model
         pmodel = load_model(env, state["private"], P_SLOT)
         gate = (state["gate"]["weight"], state["gate"]["bias"])
-        return GatedMixture(model, pmodel, gate, self.params.variant)
+        general = cast(PFLModel, model)  # the default personal_model's: load_model's PFLModel
+        return GatedMixture(general, pmodel, gate, self.params.variant)

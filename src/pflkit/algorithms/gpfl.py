@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +76,7 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.blocks.rs import class_counts
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv, given
 from pflkit.models import PFLModel
 from pflkit.primitives.training import GradHook, Weights, get_weights, group, set_weights
 
@@ -116,7 +116,7 @@ COV_PARTS = ("linear.weight", "linear.bias", "ln.weight", "ln.bias")
 # -- the math (module functions: tested by value against hand computations) ----------------------
 
 
-def init_cov(k: int, gen: torch.Generator, device=None) -> Weights:
+def init_cov(k: int, gen: torch.Generator, device: torch.device | None = None) -> Weights:
     """Two Linear(K, K) -> ReLU -> LayerNorm(K) stacks with PyTorch's default init (Linear:
     U(-1/sqrt(K), 1/sqrt(K)) for weight and bias; LayerNorm: weight 1, bias 0), drawn from the
     CPU generator ``gen`` and put on ``device``."""
@@ -149,7 +149,9 @@ def cov_apply(f: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
     return F.relu(f * (gamma + 1) + beta)
 
 
-def cond_inputs(table: Tensor, alpha: Tensor, pci_form: str = "weighted_mean"):
+def cond_inputs(
+    table: Tensor, alpha: Tensor, pci_form: str = "weighted_mean"
+) -> tuple[Tensor, Tensor]:
     """(g, p): g = mean_u c_u (Eq. 5); p = sum_u alpha_u c_u, or (1/U) of it (``printed``)."""
     g = table.mean(0)
     p = alpha.to(table.dtype) @ table
@@ -166,12 +168,14 @@ def mlg_loss(f_g: Tensor, targets: Tensor, form: str = "mean_l2") -> Tensor:
     """L^mlg (Eq. 9) to the frozen embeddings of the true classes: mean of per-sample L2
     distances (paper), or the Frobenius norm of the batch difference (authors' code)."""
     d = f_g - targets
-    return d.norm(dim=1).mean() if form == "mean_l2" else d.norm()
+    loss: Tensor = d.norm(dim=1).mean() if form == "mean_l2" else d.norm()
+    return loss
 
 
 def reg_norms(tensors: list[Tensor]) -> Tensor:
     """||.||_2 of the tensors taken together as one vector."""
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+    norm: Tensor = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+    return norm
 
 
 class NormPenalty:
@@ -182,18 +186,20 @@ class NormPenalty:
     step's backward pass and before its optimiser step, reuses them."""
 
     def __init__(self, groups: list[list[Tensor]], mu: float):
-        self.groups, self.mu, self.norms = groups, mu, []
+        self.groups, self.mu = groups, mu
+        self.norms: list[Tensor] = []
 
     @torch.no_grad()
     def value(self) -> Tensor:
         self.norms = [reg_norms(ts) for ts in self.groups]
-        return self.mu * sum(self.norms)
+        return self.mu * cast(Tensor, sum(self.norms))
 
     @torch.no_grad()
     def __call__(self, params: list[Tensor]) -> None:
         for ts, norm in zip(self.groups, self.norms, strict=True):
             if norm > 0:
-                torch._foreach_add_([t.grad for t in ts], ts, alpha=self.mu / float(norm))
+                grads = cast(list[Tensor], [t.grad for t in ts])  # after backward: all set
+                torch._foreach_add_(grads, ts, alpha=self.mu / float(norm))
 
 
 def decay(tensors: list[Tensor], mu: float) -> GradHook:
@@ -201,6 +207,7 @@ def decay(tensors: list[Tensor], mu: float) -> GradHook:
 
     def hook(params: list[Tensor]) -> None:
         for t in tensors:
+            assert t.grad is not None, "a grad hook runs after backward, which set it"
             t.grad.add_(t.detach(), alpha=mu)
 
     return hook
@@ -223,7 +230,8 @@ class GPFLNet(nn.Module):
         return cov_apply(self.model.features(x), self.gamma, self.beta)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.model.head(self.route(x))
+        logits: Tensor = self.model.head(self.route(x))
+        return logits
 
 
 # -- the algorithm ---------------------------------------------------------------------------------
@@ -280,7 +288,7 @@ class GPFL(Algorithm):
         return {"shared": shared}
 
     def client_init(self, env: ClientEnv) -> GPFLState:
-        counts = class_counts(env.data.train_y, env.num_classes)
+        counts = class_counts(given(env.data.train_y, "train_y"), env.num_classes)
         return {
             "head": group(env.model(), common_init(env), "head"),
             "alpha": counts / counts.sum(),
@@ -289,7 +297,9 @@ class GPFL(Algorithm):
     def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         return {"shared": server["shared"]}
 
-    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self, env: ServerEnv, server: State, uploads: Mapping[int, GPFLUpload], ctx: ServerContext
+    ) -> State:
         uniform = self.params.weighting == "uniform"
         return {**server, "shared": weighted_average(uploads, "shared", uniform=uniform)}
 
@@ -300,7 +310,9 @@ class GPFL(Algorithm):
         b, a = torch.randn(2, k, generator=gen, device="cpu").to(env.device)
         return b, a
 
-    def _inputs(self, env: ClientEnv, shared: Weights, state: Mapping[str, Any], k: int):
+    def _inputs(
+        self, env: ClientEnv, shared: Weights, state: Mapping[str, Any], k: int
+    ) -> tuple[Tensor, Tensor]:
         """(g, p) for this round (training) or for scoring with ``shared``."""
         p = self.params
         if not (p.use_pci and p.use_gce):
@@ -328,7 +340,8 @@ class GPFL(Algorithm):
         table_hat = shared[TABLE] if p.use_gce else None
         extra = [*cov.values()] + ([table] if table is not None else [])
 
-        def loss_fn(model, x, y):
+        def loss_fn(module: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+            model = cast(PFLModel, module)  # the client's PFLModel (env.model)
             f = model.features(x)
             if p.use_cov and p.use_gce:  # both routes' gamma, beta in one batched pass
                 gamma, beta = cov_params(cov, torch.stack([pc, g]))
@@ -339,6 +352,7 @@ class GPFL(Algorithm):
                 f_p = f_g = f
             loss = F.cross_entropy(model.head(f_p), y)
             if p.use_gce:
+                assert f_g is not None and table is not None and table_hat is not None  # use_gce
                 loss = loss + alg_loss(f_g, table, y)
                 if p.use_mlg and p.lam:
                     loss = loss + p.lam * mlg_loss(f_g, table_hat[y], p.mlg)
@@ -379,9 +393,9 @@ class GPFL(Algorithm):
         self,
         env: ClientEnv,
         view: Payload,
-        state: State,
+        state: GPFLState,
         ctx: RoundContext,
-        upload: Upload | None = None,
+        upload: GPFLUpload | None = None,
     ) -> nn.Module:
         """The personalized model: the shared body (the view's; under MAP's protocol the one this
         client trained, its upload) with the private head psi_i, through CoV conditioned on p_i

@@ -83,7 +83,7 @@ same way. Clients are scored with their model after local training.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +97,6 @@ from pflkit.algorithms.base import (
     ServerContext,
     State,
     Update,
-    Upload,
     load_model,
     param,
     register,
@@ -266,7 +265,7 @@ def update_coefficients(
     return c
 
 
-def initial_c(n: int, p: CoefParams, device) -> Tensor:
+def initial_c(n: int, p: CoefParams, device: torch.device) -> Tensor:
     """``c_0``: uniform ``1 / N`` (the paper) or the identity (every teacher is the student's own
     predictions), float64 ``[N, N]``."""
     if p.c_init == "identity":
@@ -333,7 +332,9 @@ class KTpFL(SoftTeacherKD):
             return {"soft": soft_predictions(model, x, self.params.temperature)}
         return {}
 
-    def after_distill(self, server: State, uploads: Mapping[int, Upload], rnd: int) -> State:
+    def after_distill(
+        self, server: State, uploads: Mapping[int, Mapping[str, Any]], rnd: int
+    ) -> State:
         timing = self.params.coef_timing
         if timing == "before_mix":
             return server
@@ -390,7 +391,7 @@ class KTpFLHomo(Algorithm):
             "c_self_mass": [],
         }
 
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         payload: Payload = {"weights": server["personal"].get(cid, server["weights"])}
         idx = public_indices(env, ctx.round, self.params.public_per_round)
         if idx is not None:
@@ -413,8 +414,12 @@ class KTpFLHomo(Algorithm):
         return Update(upload, {"weights": weights}, {"train_loss": loss})
 
     def aggregate(
-        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
-    ):
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, KTpFLHomoUpload],
+        ctx: ServerContext,
+    ) -> State:
         active_list = sorted(uploads)
         active = torch.tensor(active_list, device=env.device)
         models = [uploads[c]["weights"] for c in active_list]
@@ -442,9 +447,9 @@ class KTpFLHomo(Algorithm):
         self,
         env: ClientEnv,
         view: Payload,
-        state: State,
+        state: KTpFLHomoState,
         ctx: RoundContext,
-        upload: Upload | None = None,
+        upload: KTpFLHomoUpload | None = None,
     ) -> nn.Module:
         # its model after its last local training, or the model it would download
         return load_model(env, state.get("weights", view["weights"]))

@@ -69,7 +69,7 @@ x_i after the round's pull (also under MAP's selected-clients protocol).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NotRequired, TypedDict, cast
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
@@ -132,7 +132,9 @@ def step_sizes(alpha: float, lam: float, p: float, n: int) -> tuple[float, float
     return alpha / (n * (1.0 - p)), alpha * lam / (n * p)
 
 
-def pull(x: Mapping[str, torch.Tensor], x_bar: Mapping[str, torch.Tensor], c: float, times: int):
+def pull(
+    x: Mapping[str, torch.Tensor], x_bar: Mapping[str, torch.Tensor], c: float, times: int
+) -> Weights:
     """``times`` aggregation steps x <- x - c (x - x_bar), as x_bar + (1 - c)^times (x - x_bar),
     on the floating-point entries (integer entries stay x's)."""
     keep = (1.0 - c) ** times
@@ -164,7 +166,7 @@ class L2GD(FedAvg):
 
     params: Params
 
-    def phases(self, rnd: int):
+    def phases(self, rnd: int) -> tuple[str, str]:
         return ("local", "pull")
 
     # -- step sizes -----------------------------------------------------------------------------
@@ -173,6 +175,7 @@ class L2GD(FedAvg):
         p = self.params
         if p.eta is None:
             return base_lr
+        assert n is not None, "configure sends num_clients whenever eta is set"
         return step_sizes(p.eta, p.lam, p.p, n)[0]
 
     def pull_coefficient(self, base_lr: float, n: int | None) -> float:
@@ -180,6 +183,7 @@ class L2GD(FedAvg):
         p = self.params
         if p.eta is None:  # alpha = lr n (1 - p)
             return base_lr * p.lam * (1.0 - p.p) / p.p
+        assert n is not None, "configure sends num_clients whenever eta is set"
         return step_sizes(p.eta, p.lam, p.p, n)[1]
 
     def check(self, env: ServerEnv) -> None:
@@ -200,7 +204,7 @@ class L2GD(FedAvg):
         return {"weights": common_init(env)}
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         n = {} if self.params.eta is None else {"num_clients": env.num_clients}
         return {"weights": server["weights"], **n} if ctx.phase == "pull" else n
 
@@ -218,7 +222,7 @@ class L2GD(FedAvg):
             c = self.pull_coefficient(t.lr, n) * ctx.lr_factor
             x = pull(state["weights"], cast(L2GDPullPayload, payload)["weights"], c, steps)
             return Update({}, {**state, "weights": x})
-        overrides = {"lr": self.local_lr(t.lr, n)}
+        overrides: dict[str, Any] = {"lr": self.local_lr(t.lr, n)}
         if p.local_steps == "geometric":
             overrides["steps"] = coin_runs(env.run.seed, ctx.round, p.p)[0]
         if not p.momentum:
@@ -227,11 +231,18 @@ class L2GD(FedAvg):
         upload = {"weights": x, "num_samples": env.num_train}
         return Update(upload, {**state, "weights": x}, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, WeightsUpload | Empty],
+        ctx: ServerContext,
+    ) -> State:
         if ctx.phase == "pull":
             return server
         uniform = self.params.weighting == "uniform"
-        return {**server, "weights": weighted_average(uploads, uniform=uniform)}
+        local = cast(Mapping[int, WeightsUpload], uploads)  # the local phase's uploads
+        return {**server, "weights": weighted_average(local, uniform=uniform)}
 
     # -- evaluation -----------------------------------------------------------------------------
     def personal_model(

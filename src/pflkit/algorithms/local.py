@@ -8,6 +8,7 @@ clients train for the configured local epochs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
 
 from torch import nn
@@ -54,7 +55,7 @@ class Local(Algorithm):
     def client_init(self, env: ClientEnv) -> LocalState:
         return {"weights": env.init_weights()}
 
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         return {}
 
     def client_update(
@@ -63,7 +64,9 @@ class Local(Algorithm):
         weights, loss = train_from(env, state["weights"], ctx)
         return Update({}, {"weights": weights}, {"train_loss": loss})
 
-    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self, env: ServerEnv, server: State, uploads: Mapping[int, Empty], ctx: ServerContext
+    ) -> State:
         return server
 
     def personal_model(

@@ -172,10 +172,16 @@ class ScaMAP(MAP):
     def server_init(self, env: ServerEnv) -> ScaffoldServer:
         return scaffold_server_init(env)
 
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         return scaffold_payload(server)
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext):
+    def aggregate(  # type: ignore[override]  # SCAFFOLD's upload record, not FedAvg's
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, ScaffoldUpload],
+        ctx: ServerContext,
+    ) -> State:
         return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
     def stage_a(  # type: ignore[override]  # SCAFFOLD's payload and state

@@ -61,13 +61,15 @@ Deviations and choices:
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import Literal, NotRequired, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import (
+    Payload,
     RoundContext,
     ServerContext,
     State,
@@ -79,7 +81,8 @@ from pflkit.algorithms.base import (
 from pflkit.algorithms.blocks.split import require_homogeneous
 from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.records import WeightsServer
+from pflkit.algorithms.records import WeightsServer, WeightsUpload
+from pflkit.models import PFLModel
 from pflkit.primitives.training import LossFn, Weights, set_weights
 
 
@@ -119,16 +122,15 @@ def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float
     return F.cross_entropy(sims / tau, target)
 
 
-def moon_loss(
-    global_model: nn.Module, prev_model: nn.Module | None, mu: float, tau: float
-) -> LossFn:
+def moon_loss(global_model: PFLModel, prev_model: PFLModel | None, mu: float, tau: float) -> LossFn:
     """CE(head(z), y) + mu * l_con(z, z_glob, z_prev) with the frozen reference models in eval
     mode; plain CE when there is no previous model."""
     global_model.eval()
     if prev_model is not None:
         prev_model.eval()
 
-    def loss_fn(model, x, y):
+    def loss_fn(module: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        model = cast(PFLModel, module)  # the client's PFLModel (env.model)
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)
         if prev_model is None:
@@ -174,19 +176,25 @@ class MOON(FedAvg):
         return moon_loss(global_model, prev_model, p.mu, p.tau)
 
     def server_init(self, env: ServerEnv) -> MOONServer:
-        server = super().server_init(env)
+        server: MOONServer = super().server_init(env)
         if self.params.first_prev == "initial":  # the initial model, and who has uploaded since
             server["init"] = {k: v.clone() for k, v in server["weights"].items()}
             server["uploaded"] = []
         return server
 
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         payload = super().configure(env, server, cid, ctx)
         if "init" in server and cid not in server["uploaded"]:
             payload["init"] = server["init"]  # the client's previous model before its first
         return payload
 
-    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, WeightsUpload],
+        ctx: ServerContext,
+    ) -> State:
         new = super().aggregate(env, server, uploads, ctx)
         if "uploaded" in server:
             new["uploaded"] = sorted(set(server["uploaded"]) | set(uploads))

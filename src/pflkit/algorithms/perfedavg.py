@@ -35,7 +35,7 @@ after one epoch of local fine-tuning.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,9 +45,7 @@ from torch.func import functional_call
 from pflkit.algorithms.base import (
     Payload,
     RoundContext,
-    State,
     Update,
-    Upload,
     Weighting,
     load_model,
     param,
@@ -56,18 +54,20 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.env import ClientEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.records import Empty, WeightsPayload
-from pflkit.primitives.training import LossFn, cross_entropy
+from pflkit.algorithms.records import Empty, WeightsPayload, WeightsUpload
+from pflkit.primitives.training import LossFn, Weights, cross_entropy
 
 
-def _split(x: torch.Tensor, y: torch.Tensor, k: int):
+def _split(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """k consecutive parts of a batch (a batch too small to split serves every part)."""
     if len(y) < k:
         return [(x, y)] * k
     return list(zip(torch.tensor_split(x, k), torch.tensor_split(y, k), strict=True))
 
 
-def _grads(model, params: dict, x, y) -> list[torch.Tensor]:
+def _grads(
+    model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+) -> list[torch.Tensor]:
     loss = F.cross_entropy(functional_call(model, params, (x,)), y)
     return list(torch.autograd.grad(loss, list(params.values())))
 
@@ -76,9 +76,9 @@ def meta_loss(alpha: float, variant: str = "fo", delta: float = 1e-3) -> LossFn:
     """A loss whose gradient with respect to w is the Per-FedAvg step direction (FO or HF) and
     whose value is f(w_tmp, D') (the MAML objective on this batch)."""
 
-    def loss_fn(model, x, y):
+    def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         parts = _split(x, y, 2 if variant == "fo" else 3)
-        params = dict(model.named_parameters())
+        params: dict[str, torch.Tensor] = dict(model.named_parameters())
         (x1, y1), (x2, y2) = parts[0], parts[1]
         g = _grads(model, params, x1, y1)  # constants: no graph through the inner step
         tmp = {k: p - alpha * gk for (k, p), gk in zip(params.items(), g, strict=True)}
@@ -91,9 +91,12 @@ def meta_loss(alpha: float, variant: str = "fo", delta: float = 1e-3) -> LossFn:
         plus = {k: (p + delta * vk).detach().requires_grad_() for (k, p), vk in pairs}
         minus = {k: (p - delta * vk).detach().requires_grad_() for (k, p), vk in pairs}
         gp, gm = _grads(model, plus, x3, y3), _grads(model, minus, x3, y3)
-        corr = sum(
-            (p * (alpha * (a - b) / (2 * delta))).sum()
-            for p, a, b in zip(params.values(), gp, gm, strict=True)
+        corr = cast(
+            torch.Tensor,
+            sum(
+                (p * (alpha * (a - b) / (2 * delta))).sum()
+                for p, a, b in zip(params.values(), gp, gm, strict=True)
+            ),
         )
         return outer - corr + corr.detach()  # gradient: v - alpha d_i; value: outer
 
@@ -135,7 +138,7 @@ class PerFedAvg(FedAvg):
         upload = {"weights": weights, "num_samples": env.num_train}
         return Update(upload, state, {"train_loss": loss})
 
-    def adapt(self, env: ClientEnv, weights, ctx: RoundContext):
+    def adapt(self, env: ClientEnv, weights: Weights, ctx: RoundContext) -> Weights:
         """One SGD step of size alpha on one training batch (the personalized model)."""
         adapted, _ = train_from(
             env, weights, ctx, steps=1, lr=self._alpha(env), loss_fn=cross_entropy
@@ -146,9 +149,9 @@ class PerFedAvg(FedAvg):
         self,
         env: ClientEnv,
         view: Payload,
-        state: State,
+        state: Empty,
         ctx: RoundContext,
-        upload: Upload | None = None,
+        upload: WeightsUpload | None = None,
     ) -> nn.Module:
         """The global model (under MAP's protocol the uploaded one) adapted by one step."""
         start = view["weights"] if upload is None else upload["weights"]

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -82,7 +82,8 @@ from pflkit.algorithms.records import WeightsPayload
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import Weights, get_weights, set_weights, steps_per_epoch
 
-Phi = dict  # {"mlp": [{"weight", "bias"}, ...], "heads": {target key: {"weight", "bias"}}}
+# {"mlp": [{"weight", "bias"}, ...], "heads": {target key: {"weight", "bias"}}}
+Phi = dict[str, Any]
 
 
 class PFedHNUpload(TypedDict):
@@ -275,7 +276,7 @@ class PFedHN(Algorithm):
         return {k: t.contiguous() for k, t in theta.items()}
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         return {"weights": self.generated(env, server, cid)}
 
     def client_update(
@@ -294,7 +295,13 @@ class PFedHN(Algorithm):
         new_state = {**state, "weights": trained} if env.run.selected_eval else state
         return Update(upload, new_state, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, PFedHNUpload],
+        ctx: ServerContext,
+    ) -> State:
         p = self.params
         shapes = self.shapes(env)
         phi0, emb0 = server["phi"], server["embeddings"]

@@ -48,8 +48,8 @@ Options for PFLlib's code (system/flcore, commit d832e76):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal, NotRequired, TypedDict
+from collections.abc import Callable, Mapping
+from typing import Literal, NotRequired, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -68,9 +68,9 @@ from pflkit.algorithms.base import (
     param,
     register,
 )
-from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
-from pflkit.algorithms.records import WeightsPayload
+from pflkit.algorithms.records import WeightsPayload, WeightsUpload
 from pflkit.primitives.training import (
     LossFn,
     Weights,
@@ -121,18 +121,18 @@ def pfedme_loss(
     inner objective at the new theta. ``theta_decay`` mu adds (mu / 2) ||theta||^2 to f (PFLlib's
     inner step; module docstring)."""
 
-    def loss_fn(model, x, y):
+    def loss_fn(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
         w = dict(model.named_parameters())
         anchor = {k: v.detach() for k, v in w.items()}
 
-        def f(params):
+        def f(params: Params) -> Tensor:
             loss = F.cross_entropy(functional_call(model, params, (x,)), y)
             if theta_decay:  # its gradient: theta_decay * theta
                 loss = loss + 0.5 * theta_decay * sum(v.pow(2).sum() for v in params.values())
             return loss
 
         theta.update(moreau_steps(f, theta, anchor, lam, lr, k_steps))
-        pull = 0.5 * lam * sum((w[k] - theta[k]).pow(2).sum() for k in w)
+        pull = 0.5 * lam * cast(Tensor, sum((w[k] - theta[k]).pow(2).sum() for k in w))
         with torch.no_grad():
             value = f(theta) + pull
         return pull - pull.detach() + value
@@ -185,7 +185,13 @@ class PFedMe(FedAvg):
         upload = {"weights": w, "num_samples": env.num_train}
         return Update(upload, {**state, "personal": personal}, {"train_loss": loss})
 
-    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, WeightsUpload],
+        ctx: ServerContext,
+    ) -> State:
         mean = super().aggregate(env, server, uploads, ctx)["weights"]
         b, old = self.params.beta, server["weights"]
         return {**server, "weights": convex_combination(old, mean, b)}

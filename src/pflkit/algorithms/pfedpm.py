@@ -99,7 +99,6 @@ from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedproto import (
     FedProto,
     FedProtoState,
-    ProtoSet,
     Prototypes,
     class_mask,
     proto_table,
@@ -126,8 +125,8 @@ PAIR_CHUNK = 8192  # (sample, anchor) pairs scored at once at inference
 
 
 def mixed_anchors(
-    local: ProtoSet | None,
-    glob: ProtoSet | None,
+    local: Prototypes | None,
+    glob: Prototypes | Empty | None,
     a: float,
     num_classes: int,
     d: int,
@@ -168,8 +167,10 @@ class RelationModule(nn.Module):
 
     def forward(self, h: Tensor, anchor: Tensor) -> Tensor:
         if self.kind == "conv":
-            return self.fc(self.conv(torch.stack([h, anchor], dim=1))).squeeze(1)
-        return self.fc(torch.cat([h, anchor], dim=1)).squeeze(1)
+            r: Tensor = self.fc(self.conv(torch.stack([h, anchor], dim=1))).squeeze(1)
+        else:
+            r = self.fc(torch.cat([h, anchor], dim=1)).squeeze(1)
+        return r
 
 
 def relation_scores(rel: nn.Module, h: Tensor, anchors: Tensor) -> Tensor:
@@ -177,7 +178,8 @@ def relation_scores(rel: nn.Module, h: Tensor, anchors: Tensor) -> Tensor:
     b, k, d = h.shape[0], anchors.shape[0], h.shape[1]
     hh = h.unsqueeze(1).expand(b, k, d).reshape(b * k, d)
     aa = anchors.unsqueeze(0).expand(b, k, d).reshape(b * k, d)
-    return rel(hh, aa).view(b, k)
+    scores: Tensor = rel(hh, aa).view(b, k)
+    return scores
 
 
 def relation_targets(y: Tensor, classes: Tensor) -> Tensor:
@@ -268,7 +270,7 @@ class PFedPM(FedProto):
         relation_lr: float | None = param(
             None, "pflkit (None: train.lr, as the body; paper: unstated)", gt=0
         )
-        inference: Literal["head", "relation"] = param(
+        inference: Literal["head", "relation"] = param(  # type: ignore[assignment]  # R-pFedPM
             "head", "paper Table I (first head); relation: Table II (R-pFedPM)"
         )
 
@@ -304,14 +306,23 @@ class PFedPM(FedProto):
             state.get("protos"), payload, self.params.a, env.num_classes, d, env.device
         )
 
-    def local_train(self, env, model, loss_fn: LossFn, targets, has, state, ctx: RoundContext):
+    def local_train(
+        self,
+        env: ClientEnv,
+        model: PFLModel,
+        loss_fn: LossFn,
+        targets: Tensor,
+        has: Tensor,
+        state: FedProtoState,
+        ctx: RoundContext,
+    ) -> tuple[float, State, dict[str, float]]:
         if not bool(has.any()):  # round 1: no anchors, no relation step
             return env.train(model, ctx, loss_fn=loss_fn), {}, {}
         p, t = self.params, env.run.train
         anchors = to_protoset(targets, has)
         classes, anchor_protos = anchors["classes"], anchors["protos"]
         rel = self._relation(env, model.feature_dim)
-        rel.load_state_dict(state["relation"])
+        rel.load_state_dict(cast(PFedPMState, state)["relation"])  # client_update passes its own
         rel.train()
         lr = t.lr if p.relation_lr is None else p.relation_lr
         opt = make_optimizer(list(rel.parameters()), lr, t.momentum, t.weight_decay, ctx.optim)
@@ -328,7 +339,7 @@ class PFedPM(FedProto):
             opt.step()
             rel_losses.append(loss.detach())
 
-        def with_relation_step(m, x, y):
+        def with_relation_step(m: nn.Module, x: Tensor, y: Tensor) -> Tensor:
             # the previous batch's relation step runs after that batch's body step
             if pending:
                 relation_step(*pending.pop())

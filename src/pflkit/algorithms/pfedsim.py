@@ -122,7 +122,8 @@ def class_cosines(a: Tensor, b: Tensor, cos_max: float = 1 - 1e-6) -> Tensor:
     """cos_c = <a_c, b_c> / (|a_c| |b_c| + 1e-8) per row c, clamped to ``cos_max`` (float64)."""
     a, b = a.double(), b.double()
     cos = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1) + COS_EPS)
-    return cos.clamp(max=cos_max)
+    clamped: Tensor = cos.clamp(max=cos_max)
+    return clamped
 
 
 def classifier_similarity(
@@ -212,11 +213,13 @@ class PFedSim(Algorithm):
             return {"buffers": only(env.init_weights(), buffer_keys(model))}
         return {}
 
-    def stored(self, server: State, cid: int) -> Weights:
+    def stored(self, server: PFedSimServer, cid: int) -> Weights:
         return server["personal"].get(cid, server["weights"])
 
     # -- one exchange ---------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(
+        self, env: ServerEnv, server: PFedSimServer, cid: int, ctx: ServerContext
+    ) -> Payload:
         if ctx.round <= self.t_g(env):
             return {"weights": server["weights"]}
         model = env.model()
@@ -240,7 +243,13 @@ class PFedSim(Algorithm):
         upload = {"weights": self.shared(model, weights), "num_samples": env.num_train}
         return Update(upload, new_state, {"train_loss": loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: PFedSimServer,
+        uploads: Mapping[int, WeightsUpload],
+        ctx: ServerContext,
+    ) -> State:
         p = self.params
         if ctx.round <= self.t_g(env):
             avg = weighted_average(uploads, uniform=p.weighting == "uniform")
@@ -262,7 +271,7 @@ class PFedSim(Algorithm):
 
     # -- evaluation -----------------------------------------------------------------------------
     def eval_view(
-        self, env: ServerEnv, server: State, cid: int | None, ctx: ServerContext
+        self, env: ServerEnv, server: PFedSimServer, cid: int | None, ctx: ServerContext
     ) -> Payload:
         """The client's stored model; with ``cid`` None the global model during the warm-up
         (with shared BN statistics), else none."""

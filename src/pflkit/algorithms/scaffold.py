@@ -264,7 +264,7 @@ def scaffold_client_step(
 
 def scaffold_server_update(
     server: State,
-    uploads: Mapping[int, Upload],
+    uploads: Mapping[int, ScaffoldUpload],
     eta_g: float,
     num_clients: int,
     *,
@@ -300,7 +300,13 @@ class ScaffoldServerParams(Algorithm.Params):
     local_weight_decay: bool = param(True, "pflkit (false: the MAP code's optimizer)")
 
 
-def scaffold_aggregate(env: ServerEnv, server: State, uploads, p, weighting: Weighting) -> State:
+def scaffold_aggregate(
+    env: ServerEnv,
+    server: State,
+    uploads: Mapping[int, ScaffoldUpload],
+    p: ScaffoldServerParams,
+    weighting: Weighting,
+) -> State:
     """:func:`scaffold_server_update` with an algorithm's parameters ``p``."""
     return scaffold_server_update(
         server,
@@ -333,7 +339,7 @@ class Scaffold(Algorithm):
     def server_init(self, env: ServerEnv) -> ScaffoldServer:
         return scaffold_server_init(env)
 
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         return scaffold_payload(server)
 
     def local_objective(self, env: ClientEnv, payload: ScaffoldPayload) -> LossFn:
@@ -357,7 +363,13 @@ class Scaffold(Algorithm):
             new_state["weights"] = step.weights
         return Update(upload, new_state, {"train_loss": step.loss})
 
-    def aggregate(self, env: ServerEnv, server: State, uploads, ctx: ServerContext):
+    def aggregate(
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, ScaffoldUpload],
+        ctx: ServerContext,
+    ) -> State:
         return scaffold_aggregate(env, server, uploads, self.params, self.params.weighting)
 
     def personal_model(

@@ -51,11 +51,13 @@ class PFLModel(nn.Module):
         self.num_classes = int(num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.body(x))
+        out: Tensor = self.head(self.body(x))
+        return out
 
     def features(self, x: Tensor) -> Tensor:
         """The body's output, flattened: ``[B, feature_dim]``."""
-        return self.body(x)
+        out: Tensor = self.body(x)
+        return out
 
     def group_keys(self, name: str) -> list[str]:
         """State-dict keys of the parameter group ``name``: ``"body"`` (feature extractor) or

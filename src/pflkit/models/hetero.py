@@ -116,7 +116,8 @@ def alexnet(
         for m in model.modules():
             if isinstance(m, nn.Conv2d | nn.Linear):
                 nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:  # every Conv2d and Linear here has one
+                    nn.init.zeros_(m.bias)
     return model
 
 
@@ -132,7 +133,9 @@ _SHUFFLE_WIDTHS = {
 _SHUFFLE_UNITS = (4, 8, 4)  # units per stage; the first unit of each stage has stride 2
 
 
-def _conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, relu: bool = True):
+def _conv_bn(
+    cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, relu: bool = True
+) -> nn.Sequential:
     layers: list[nn.Module] = [
         nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, groups=groups),
         nn.BatchNorm2d(cout),

@@ -94,7 +94,8 @@ class InvertedResidual(nn.Module):
         self.residual = stride == 1 and c_in == c_out
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.conv(x) if self.residual else self.conv(x)
+        out: Tensor = x + self.conv(x) if self.residual else self.conv(x)
+        return out
 
 
 def _features() -> nn.Sequential:

@@ -63,7 +63,8 @@ class TokenMean(nn.Module):
         self.embedding = nn.Embedding(vocab_size, dim, padding_idx=0)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.embedding(token_ids(x, self.embedding.num_embeddings)).mean(1)
+        out: Tensor = self.embedding(token_ids(x, self.embedding.num_embeddings)).mean(1)
+        return out
 
 
 def token_ids(x: Tensor, vocab_size: int) -> Tensor:

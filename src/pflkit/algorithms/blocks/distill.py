@@ -57,7 +57,7 @@ distillation loss and the temperature".
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar, Literal, NotRequired, TypedDict, cast
+from typing import Any, ClassVar, Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
@@ -76,13 +76,14 @@ from pflkit.algorithms.base import (
     load_model,
     param,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.algorithms.env import ClientEnv, ServerEnv, given
 from pflkit.algorithms.records import Empty
 from pflkit.config import TrainConfig
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     PLAIN_SGD,
     LocalOptim,
+    LossFn,
     Weights,
     get_weights,
     local_sgd,
@@ -150,7 +151,7 @@ def soft_predictions(model: nn.Module, x: Tensor, temperature: float) -> Tensor:
     return torch.softmax(predict(model, x, 1000).float() / temperature, dim=1)
 
 
-def kd_loss(temperature: float, kind: str = "kl"):
+def kd_loss(temperature: float, kind: str = "kl") -> LossFn:
     """Loss ``(model, x, teacher_probs) -> KL(teacher || softmax(model(x) / T))``.
 
     ``kl``: per-sample KL (summed over classes, averaged over the batch); ``kl_t2``: that times
@@ -221,10 +222,13 @@ def cosine_matrix(soft: Tensor) -> Tensor:
     """Cosine similarity between the flattened soft-prediction matrices ``soft [M, B, C]``."""
     flat = soft.reshape(soft.shape[0], -1).double()
     flat = flat / flat.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    return flat @ flat.T
+    cos: Tensor = flat @ flat.T
+    return cos
 
 
-def round_indices(seed: int, rnd: int, pool: int, size: int, device=None) -> Tensor:
+def round_indices(
+    seed: int, rnd: int, pool: int, size: int, device: torch.device | None = None
+) -> Tensor:
     """The public subset of round ``rnd``: ``size`` of ``pool`` indices without replacement,
     a pure function of (seed, round), so every algorithm sees the same subsets."""
     rng = np.random.default_rng([seed, rnd, 0x9B])
@@ -273,7 +277,7 @@ class SoftTeacherKD(Algorithm):
         require_public(env, self.name, self.params.public_per_round)
 
     # -- round structure -------------------------------------------------------------------------
-    def phases(self, rnd: int):
+    def phases(self, rnd: int) -> tuple[str, str]:
         return ("share", "distill")
 
     def local_epochs(self, env: ClientEnv, rnd: int) -> int:
@@ -289,7 +293,7 @@ class SoftTeacherKD(Algorithm):
         return {"weights": env.init_weights()}
 
     # -- one exchange ------------------------------------------------------------------------------
-    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext):
+    def configure(self, env: ServerEnv, server: State, cid: int, ctx: ServerContext) -> Payload:
         if ctx.phase == "share":
             idx = public_indices(env, ctx.round, self.params.public_per_round)
             return {} if idx is None else {"public_idx": idx}
@@ -311,7 +315,7 @@ class SoftTeacherKD(Algorithm):
         model = env.model()
         set_weights(model, state["weights"])
         metrics: dict[str, float] = {}
-        new_state = dict(state)
+        new_state: dict[str, Any] = dict(state)
         if ctx.phase == "share":
             new_state["public_idx"] = payload.get("public_idx")
             if self.order == "train_then_distill":
@@ -340,15 +344,23 @@ class SoftTeacherKD(Algorithm):
         return {}
 
     def aggregate(
-        self, env: ServerEnv, server: State, uploads: Mapping[int, Upload], ctx: ServerContext
-    ):
+        self,
+        env: ServerEnv,
+        server: State,
+        uploads: Mapping[int, Mapping[str, Any]],
+        ctx: ServerContext,
+    ) -> State:
+        """Phase share: the teachers from the uploads' soft predictions (ShareUpload);
+        phase distill: :meth:`after_distill` with what the clients upload after distilling
+        (:meth:`distill_upload`'s record)."""
         server = dict(server)
         active = sorted(uploads)
         if ctx.phase == "share":
-            server["soft"] = torch.stack([uploads[c]["soft"] for c in active])
+            shared = cast(Mapping[int, ShareUpload], uploads)  # phase share
+            server["soft"] = torch.stack([shared[c]["soft"] for c in active])
             server["active"] = torch.tensor(active, device=env.device)
             server["num_samples"] = torch.tensor(
-                [float(uploads[c]["num_samples"]) for c in active],
+                [float(shared[c]["num_samples"]) for c in active],
                 dtype=torch.float64,
                 device=env.device,
             )
@@ -370,7 +382,9 @@ class SoftTeacherKD(Algorithm):
     def before_mix(self, server: State, rnd: int) -> State:
         return server
 
-    def after_distill(self, server: State, uploads: Mapping[int, Upload], rnd: int) -> State:
+    def after_distill(
+        self, server: State, uploads: Mapping[int, Mapping[str, Any]], rnd: int
+    ) -> State:
         return server
 
     # -- evaluation ---------------------------------------------------------------------------------
@@ -398,12 +412,14 @@ def public_indices(env: ServerEnv, rnd: int, per_round: int | None) -> Tensor | 
     """The public subset of round ``rnd`` (None: the whole public set)."""
     if per_round is None:
         return None
-    return round_indices(env.run.seed, rnd, len(env.public_x), per_round, env.device)
+    pool = len(given(env.public_x, "public_x"))  # check: require_public
+    return round_indices(env.run.seed, rnd, pool, per_round, env.device)
 
 
 def public_subset(env: ClientEnv, idx: Tensor | None) -> Tensor:
     """The public samples ``idx`` (None: all of them)."""
-    return env.public_x if idx is None else env.public_x[idx]
+    x = given(env.public_x, "public_x")  # check: require_public
+    return x if idx is None else x[idx]
 
 
 def distill_configured(

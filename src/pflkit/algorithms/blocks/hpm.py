@@ -37,7 +37,7 @@ training data after every update (§8.7).
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,8 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import RoundContext, param
-from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.env import ClientEnv, given
+from pflkit.models import PFLModel
 from pflkit.primitives.training import LossFn, Weights, get_weights, set_weights
 
 
@@ -102,7 +103,7 @@ def mmd_loss(h: Tensor, hp: Tensor, kernels: int = 5, mul: float = 2.0) -> Tenso
     d2 = torch.cdist(z, z).pow(2)
     n = len(z)
     base = d2.detach().sum() / (n * n - n) / mul ** (kernels // 2)
-    k = sum(torch.exp(-d2 / (base * mul**i + 1e-8)) for i in range(kernels))
+    k = cast(Tensor, sum(torch.exp(-d2 / (base * mul**i + 1e-8)) for i in range(kernels)))
     b = len(h)
     return k[:b, :b].mean() + k[b:, b:].mean() - 2 * k[:b, b:].mean()
 
@@ -113,16 +114,17 @@ def mmd_pfllib(h: Tensor, hp: Tensor, bandwidths: tuple[float, ...] = (10, 15, 2
 
     def kernel(a: Tensor, b: Tensor) -> Tensor:
         d2 = (a * a).sum(1, keepdim=True) + (b * b).sum(1) - 2 * a @ b.T
-        return sum(torch.exp(-0.5 * d2 / s) for s in bandwidths)
+        return cast(Tensor, sum(torch.exp(-0.5 * d2 / s) for s in bandwidths))
 
     return (kernel(h, h) + kernel(hp, hp) - 2 * kernel(h, hp)).mean()
 
 
-def kt_loss(teacher: nn.Module, p: HPMParams) -> LossFn:
+def kt_loss(teacher: PFLModel, p: HPMParams) -> LossFn:
     """(1 - lambda) CE + lambda L_kt against a frozen teacher (MAP Eq. 13)."""
     teacher.eval()
 
-    def loss_fn(model, x, y):
+    def loss_fn(module: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        model = cast(PFLModel, module)  # the client's PFLModel (env.model)
         h = model.features(x)
         logits = model.head(h)
         with torch.no_grad():
@@ -181,6 +183,6 @@ def personalize(
     if p.hpm_bn_recompute:
         scratch = env.model(slot="hpm_teacher")
         set_weights(scratch, new_hpm)
-        recompute_bn(scratch, env.data.train_x, env.run.train.batch_size)
+        recompute_bn(scratch, given(env.data.train_x, "train_x"), env.run.train.batch_size)
         new_hpm = get_weights(scratch)
     return {"hpm": new_hpm, "selected": state.get("selected", 0) + 1}, loss

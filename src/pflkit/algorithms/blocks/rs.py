@@ -27,15 +27,15 @@ FedRS = RS + FedAvg, ScaRS = RS + SCAFFOLD, DittoRS = RS + Ditto's global branch
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
-from torch import Tensor
+from torch import Tensor, nn
 
 from pflkit.algorithms.base import param
-from pflkit.algorithms.env import ClientEnv
+from pflkit.algorithms.env import ClientEnv, given
 from pflkit.primitives.training import LossFn
 
 RSMode = Literal["hard", "soft", "complete"]
@@ -67,7 +67,7 @@ def rs_scale(counts: Tensor, alpha: float, mode: RSMode = "hard", min_samples: i
 def rs_loss(scale: Tensor) -> LossFn:
     """Cross-entropy on RS logits ``scale * logits`` (MAP Eq. 8)."""
 
-    def loss_fn(model, x, y):
+    def loss_fn(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(model(x) * scale, y)
 
     return loss_fn
@@ -84,5 +84,5 @@ class RestrictedSoftmax:
 
     params: RSParams
 
-    def local_objective(self, env: ClientEnv, payload) -> LossFn:
-        return client_rs_loss(env.data.train_y, env.num_classes, self.params)
+    def local_objective(self, env: ClientEnv, payload: Any) -> LossFn:
+        return client_rs_loss(given(env.data.train_y, "train_y"), env.num_classes, self.params)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
 
 import numpy as np
@@ -162,7 +163,9 @@ class SplitBody(Algorithm):
         private = {k: w[k] for k in self.private_keys(model)}
         return Update(upload, {**state, "head": private}, {"train_loss": loss})
 
-    def aggregate(self, env, server, uploads, ctx: ServerContext) -> State:
+    def aggregate(
+        self, env: ServerEnv, server: State, uploads: Mapping[int, BodyUpload], ctx: ServerContext
+    ) -> State:
         uniform = self.params.weighting == "uniform"
         return {**server, "body": weighted_average(uploads, "body", uniform=uniform)}
 
@@ -176,9 +179,9 @@ class SplitBody(Algorithm):
         self,
         env: ClientEnv,
         view: Payload,
-        state: State,
+        state: HeadState,
         ctx: RoundContext,
-        upload: Upload | None = None,
+        upload: BodyUpload | None = None,
     ) -> nn.Module:
         """The received body with the client's private part; under MAP's protocol the body this
         client trained (its upload), not this round's aggregated body."""
