@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pflkit.algorithms import ClientEnv, RoundContext, ServerEnv
-from pflkit.config import lr_factor
+from pflkit.engine.schedule import lr_factor
 from pflkit.errors import PflkitError
 from pflkit.models import build_model
 from pflkit.testing import round_ctx, toy_data, toy_envs

@@ -402,7 +402,7 @@ def sweep(
     _hush(quiet)
     import json
 
-    from pflkit.config import parse_value
+    from pflkit.config_io import parse_value
     from pflkit.engine.compare import run_sweep
     from pflkit.experiment import validate
 

@@ -44,15 +44,17 @@ from torch import nn
 
 from pflkit.algorithms import Algorithm, build_algorithm
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
-from pflkit.primitives.training import Weights
 from pflkit.algorithms.env import ClientEnv, RunFacts
-from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
+from pflkit.config import ExperimentConfig, SystemConfig
 from pflkit.data.federated import FederatedDataset
+from pflkit.devices import resolve_device
 from pflkit.engine import vectorized
 from pflkit.engine.envs import make_envs
+from pflkit.engine.schedule import lr_factor
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
 from pflkit.experiment import validate
+from pflkit.primitives.training import Weights
 from pflkit.privacy import dpsgd
 
 # -- seeding (the same in every runner) ------------------------------------------------------------

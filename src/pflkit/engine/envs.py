@@ -11,8 +11,9 @@ import torch
 
 from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.env import ClientEnv, ModelPool, RunFacts, ServerEnv
-from pflkit.config import ExperimentConfig, ModelConfig, resolve_device
+from pflkit.config import ExperimentConfig, ModelConfig
 from pflkit.data.federated import FederatedDataset
+from pflkit.devices import resolve_device
 from pflkit.errors import PflkitError
 from pflkit.privacy import dpsgd
 

@@ -36,8 +36,9 @@ from typing import Any
 
 from pflkit.algorithms import Algorithm
 from pflkit.algorithms.env import ClientEnv
-from pflkit.config import ExperimentConfig, resolve_device
+from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset
+from pflkit.devices import resolve_device
 from pflkit.engine.clients import (
     ClientRunner,
     Job,

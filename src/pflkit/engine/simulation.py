@@ -42,8 +42,9 @@ import torch
 
 from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.base import State, Upload, nbytes, parse_params
-from pflkit.config import ExperimentConfig, resolve_device
+from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
+from pflkit.devices import resolve_device
 from pflkit.engine import vectorized
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import (

@@ -48,6 +48,10 @@ from torch.func import functional_call, grad, vmap
 
 from pflkit.algorithms import ALGORITHMS, Algorithm
 from pflkit.algorithms.base import Update, vectorizable
+from pflkit.algorithms.env import ClientEnv, ServerEnv
+from pflkit.config import ExperimentConfig
+from pflkit.devices import resolve_device
+from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     PLAIN_SGD,
     LocalOptim,
@@ -59,9 +63,6 @@ from pflkit.primitives.training import (
     set_weights,
     steps_per_epoch,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.config import ExperimentConfig, resolve_device
-from pflkit.errors import PflkitError
 
 # engine.vectorize: auto picks the vectorised path only on CUDA and only once
 # benchmarks/gpu_vectorize.sh has measured it faster there than per-client workers; not

@@ -72,7 +72,7 @@ class Worker:
         import torch
 
         from pflkit.algorithms import build_algorithm
-        from pflkit.config import config_text
+        from pflkit.config_io import config_text
         from pflkit.data.federated import build_federated
         from pflkit.engine.envs import make_envs
         from pflkit.experiment import validate
