@@ -39,13 +39,15 @@ TEXT = repr(MARK)
 END = ("pflkit/primitives/training.py", "make_optimizer")
 
 # low to high; a call from a lower layer into a higher one is a climb
-LAYERS: list[tuple[str, int]] = [
+LAYERS: list[tuple[str, float]] = [
     ("pflkit.primitives", 0),
     ("pflkit.errors", 0),
     ("pflkit.strict", 0),
     ("pflkit.registry", 0),
     ("pflkit.examples", 0),
+    ("pflkit.devices", 0),  # resolve_device (in config.py before issue 55)
     ("pflkit.config", 1),  # the schema (and, before issue 55, its runtime helpers)
+    ("pflkit.config_io", 1.5),  # a config as text, above the schema (config.py before issue 55)
     ("pflkit.data", 2),
     ("pflkit.models", 2),
     ("pflkit.eval", 2),
@@ -67,7 +69,7 @@ LAYERS: list[tuple[str, int]] = [
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def layer(module: str) -> int:
+def layer(module: str) -> float:
     for prefix, rank in LAYERS:
         if module == prefix or module.startswith(prefix + "."):
             return rank
