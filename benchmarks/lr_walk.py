@@ -23,6 +23,12 @@ Each of the quick start's 10 clients is one more ``round_context`` and, before i
 
     PYTHONPATH=src python benchmarks/lr_walk.py            # the numbers
     PYTHONPATH=src python benchmarks/lr_walk.py --chain    # and every stop, climbs marked ^
+
+Measured (torch 2.13 CPU, quickstart_digits): before issue 55's layer changes (04cdafa, with
+config.py holding the YAML reading, ``lr_factor`` and ``resolve_device``) 80 stops in 45
+functions, 22 of them in config.py over 13 visits, 2 climbs, 16 steps up; after (config.py the
+schema only, the command line a package) 80 stops in 45 functions, 4 in config.py over 2 visits,
+2 climbs, 7 steps up. The stops stay: the same functions run, in other modules.
 """
 
 from __future__ import annotations
