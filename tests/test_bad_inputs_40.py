@@ -226,7 +226,7 @@ def test_a_tampered_partition_cache_is_refused_and_one_without_a_checksum_rebuil
     ],
 )  # fmt: skip
 def test_counts_have_upper_bounds(override, field, bound):
-    from pflkit.config import apply_overrides
+    from pflkit.config_io import apply_overrides
 
     with pytest.raises(PflkitError) as err:
         validate(apply_overrides(tiny_config(), [override]))

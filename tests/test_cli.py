@@ -62,7 +62,7 @@ def test_compare_writes_table_and_plot(cfg_file, tmp_path):
 
 
 def test_algorithms_option_selects_the_configs_entries_with_their_parameters():
-    from pflkit.config import select_algorithms
+    from pflkit.config_io import select_algorithms
 
     entries = [
         {"name": "fedrep", "head_epochs": 1},

@@ -10,8 +10,8 @@ import torch
 from conftest import tiny_config
 from device_audit import DefaultDeviceElsewhere
 from pflkit.algorithms import ALGORITHMS
-from pflkit.config import resolve_device
 from pflkit.data.federated import build_federated
+from pflkit.devices import resolve_device
 from pflkit.engine import Simulation
 from pflkit.errors import PflkitError
 from pflkit.experiment import validate

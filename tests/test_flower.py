@@ -171,7 +171,7 @@ def test_nodes_run_in_the_round_context_their_jobs_carry(tmp_path, monkeypatch):
     cfg = validate(raw)
     flower_run(cfg, tmp_path, THREE_NODES)
     assert len(sent) == 16 and received == sent  # 4 clients x (train, evaluate) x 2 rounds
-    from pflkit.config import lr_factor
+    from pflkit.engine.schedule import lr_factor
 
     ctx = received[("TrainJob", 0, 2)]  # what the config gives: the cosine factor, all work
     assert (ctx.round, ctx.lr_factor, ctx.work) == (2, lr_factor(cfg.train, 2) / 2, 0.75)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import tiny_config
-from pflkit.config import apply_overrides, parse_value, read_yaml
+from pflkit.config_io import apply_overrides, parse_value, read_yaml
 from pflkit.errors import PflkitError
 from pflkit.experiment import load_config
 
@@ -250,7 +250,7 @@ def test_the_flower_server_app_reads_its_run_config_within_the_limits(monkeypatc
 
 
 def test_limits_can_be_raised_and_are_checked(tmp_path, monkeypatch):
-    from pflkit.config import limit
+    from pflkit.config_io import limit
 
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(tiny_config()) + "#" * 2000 + "\n")
@@ -277,7 +277,7 @@ def test_limits_can_be_raised_and_are_checked(tmp_path, monkeypatch):
 
 def test_the_value_count_is_exact():
     """A list of n items is n + 1 values, an alias counts as the whole value it stands for."""
-    from pflkit.config import LIMITS, load_yaml
+    from pflkit.config_io import LIMITS, load_yaml
 
     most = LIMITS["values"][1]
     assert len(load_yaml("[" + ",".join(["1"] * (most - 1)) + "]")) == most - 1

@@ -9,6 +9,7 @@ importing ``pkg.mod`` does not count as importing ``pkg`` (whose ``__init__`` Py
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -33,6 +34,27 @@ FORBIDDEN = {
 # packages that import nothing of pflkit's but themselves: the bottom layer
 SELF_CONTAINED = ("pflkit.primitives",)
 
+# modules that may import, at run time, only the standard library and what is listed: the
+# schema loads anywhere (a Flower node, a worker, the docs build) without torch and computes
+# nothing at run time, so it stands on pydantic and yaml (ExperimentConfig.to_yaml) and on
+# errors (its one sentence) and strict (the base of its sections) alone; reading a config's
+# text stands on the schema's parse_size; the device check on errors and torch
+ONLY_IMPORTS = {
+    "pflkit.config": ("pydantic", "yaml", "pflkit.errors", "pflkit.strict"),
+    "pflkit.config_io": ("yaml", "pflkit.config", "pflkit.errors"),
+    "pflkit.devices": ("torch", "pflkit.errors"),
+    "pflkit.errors": (),
+    "pflkit.strict": ("pydantic",),
+}
+
+# the command line is the top: no module outside it imports one of its modules, but the
+# console script (pflkit.__main__) its package; inside it, a command module imports no other
+# command module (what they share is in common and options), and the package (__init__, which
+# builds the app from them) is imported by none of them
+CLI = "pflkit.cli"
+CLI_ENTRY = {"pflkit.__main__": CLI, "pflkit.cli.__main__": CLI}
+CLI_SHARED = ("pflkit.cli.common", "pflkit.cli.options")
+
 
 def module_names(src: Path, package: str) -> dict[str, Path]:
     """Every module of ``package`` under ``src`` by dotted name (a package by its own name)."""
@@ -53,6 +75,63 @@ def _run_time_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
             yield node
         else:
             stack.extend(ast.iter_child_nodes(node))
+
+
+def imported_names(path: Path, here: str) -> set[str]:
+    """Every name the module at ``path`` imports at run time, absolute (``yaml``,
+    ``pflkit.errors``; a relative import is resolved against ``here``, its package)."""
+    names = set()
+    for node in _run_time_imports(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif node.level:
+            base = here.split(".")[: len(here.split(".")) - node.level + 1]
+            names.add(".".join([*base, node.module] if node.module else base))
+        elif node.module != "__future__":
+            names.add(node.module or "")
+    return names
+
+
+def only_imports(src: Path, allowed: Mapping[str, tuple[str, ...]]) -> list[tuple[str, str]]:
+    """``(module, name)`` for every run-time import of a module of ``allowed`` that is neither
+    the standard library nor under one of its listed names."""
+
+    def under(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    found = []
+    for module, ok in allowed.items():
+        path = src.joinpath(*module.split("."))
+        package = path.is_dir()
+        path = path / "__init__.py" if package else path.with_suffix(".py")
+        for name in imported_names(path, module if package else module.rpartition(".")[0]):
+            std = name.split(".")[0] in sys.stdlib_module_names
+            if not std and not any(under(name, p) for p in ok):
+                found.append((module, name))
+    return sorted(found)
+
+
+def cli_violations(
+    graph: Mapping[str, set[str]],
+    cli: str = CLI,
+    entry: Mapping[str, str] = CLI_ENTRY,
+    shared: tuple[str, ...] = CLI_SHARED,
+) -> list[tuple[str, str]]:
+    """``(module, imported module)`` for every import against the command line's place (see
+    :data:`CLI`): into it from outside but by its entry points, from a command module into
+    another, and from a command or shared module into its package."""
+
+    def inside(m: str) -> bool:
+        return m == cli or m.startswith(cli + ".")
+
+    found = []
+    for m, targets in graph.items():
+        for t in sorted(targets):
+            if not inside(t) or entry.get(m) == t:
+                continue
+            if not inside(m) or (m != cli and (t == cli or t not in shared)):
+                found.append((m, t))
+    return sorted(found)
 
 
 def import_graph(src: Path, package: str) -> dict[str, set[str]]:
@@ -150,6 +229,20 @@ def test_the_primitives_import_only_themselves():
     )
 
 
+def test_the_schema_and_the_bottom_modules_import_only_what_they_list():
+    found = only_imports(SRC, ONLY_IMPORTS)
+    assert not found, "imports past the list: " + ", ".join(f"{m} -> {t}" for m, t in found)
+
+
+def test_the_command_line_is_the_top_and_its_commands_import_no_other():
+    graph = import_graph(SRC, "pflkit")
+    assert {"pflkit.cli.run", "pflkit.cli.flower"} <= graph["pflkit.cli"]  # it sees them
+    found = cli_violations(graph)
+    assert not found, "imports against the command line's place: " + ", ".join(
+        f"{m} -> {t}" for m, t in found
+    )
+
+
 def test_the_graph_sees_the_known_imports():
     graph = import_graph(SRC, "pflkit")
     assert "pflkit.algorithms.base" in graph["pflkit.plugins"]  # from ... import name
@@ -187,3 +280,40 @@ def test_an_import_against_the_layers_is_named():
     graph = {"p.low.x": {"p.high.y", "p.low.z"}, "p.high.y": {"p.low.x"}, "p.highest": set()}
     assert violations(graph, {"p.low": ("p.high",)}) == [("p.low.x", "p.high.y")]
     assert violations(graph, {"p.low": ("p.highest",)}) == []
+
+
+def test_an_import_past_the_list_is_named(tmp_path):
+    files = {
+        "errors.py": "",
+        "config.py": "import re\nimport pydantic.fields\nfrom .errors import E\n",
+        "io.py": "from fake.config import x\nimport torch\n",
+    }
+    _fake(tmp_path, files)
+    allowed = {"fake.config": ("pydantic", "fake.errors"), "fake.io": ("fake.config",)}
+    assert only_imports(tmp_path, allowed) == [("fake.io", "torch")]
+    assert only_imports(tmp_path, {"fake.config": ("pydantic",)}) == [
+        ("fake.config", "fake.errors")
+    ]
+    never = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+    (tmp_path / "fake" / "config.py").write_text(never)
+    assert only_imports(tmp_path, {"fake.config": ()}) == []  # what never runs does not count
+
+
+def test_an_import_against_the_command_line_is_named():
+    graph = {
+        "p.__main__": {"p.cli"},  # the entry point: allowed
+        "p.cli": {"p.cli.run", "p.cli.common"},  # the app from its commands: allowed
+        "p.cli.run": {"p.cli.common", "p.cli.options", "p.engine"},
+        "p.cli.sweep": {"p.cli.compare", "p.cli"},  # another command, and the package
+        "p.cli.common": {"p.cli.options"},
+        "p.engine": {"p.cli.run"},  # the engine into a command
+        "p.report": {"p.cli.common"},  # anything outside into a shared module
+    }
+    shared = ("p.cli.common", "p.cli.options")
+    found = cli_violations(graph, "p.cli", {"p.__main__": "p.cli"}, shared)
+    assert found == [
+        ("p.cli.sweep", "p.cli"),
+        ("p.cli.sweep", "p.cli.compare"),
+        ("p.engine", "p.cli.run"),
+        ("p.report", "p.cli.common"),
+    ]

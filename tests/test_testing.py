@@ -10,7 +10,7 @@ import torch
 
 from pflkit.algorithms import ALGORITHMS, ClientEnv, RoundContext, ServerEnv
 from pflkit.algorithms.records import Empty, WeightsUpload
-from pflkit.config import lr_factor
+from pflkit.engine.schedule import lr_factor
 from pflkit.errors import PflkitError
 from pflkit.models import build_model
 from pflkit.testing import check_record, round_ctx, toy_data, toy_envs

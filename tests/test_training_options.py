@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from pflkit.config import lr_factor
 from pflkit.engine import Simulation
+from pflkit.engine.schedule import lr_factor
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import LocalOptim, crop_flip, local_sgd, steps_per_epoch
 

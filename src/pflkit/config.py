@@ -1,4 +1,11 @@
-"""Typed experiment configuration: a YAML file plus ``--set key=value`` overrides.
+"""The schema of an experiment's configuration: a pydantic model per section, and :func:`parse`.
+
+This module declares and validates; it computes nothing at run time and reads no file. Reading
+a YAML file within the limits, ``--set`` overrides and ``--algorithms`` are
+:mod:`pflkit.config_io`'s; the device a name stands for is :func:`pflkit.devices.resolve_device`'s;
+the learning-rate schedule's factor is :func:`pflkit.engine.schedule.lr_factor`'s
+(tests/test_structure.py keeps this module's imports to the standard library, pydantic,
+:mod:`pflkit.errors` and :mod:`pflkit.strict`).
 
 Every section is a pydantic model with ``extra="forbid"``, so a misspelt key is an error, not a
 silently ignored setting. Algorithm hyper-parameters live under ``algorithm:`` next to its
@@ -9,12 +16,7 @@ fill in every default. Validation errors are turned into one :class:`PflkitError
 
 from __future__ import annotations
 
-import copy
-import math
-import os
 import re
-import stat
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -180,7 +182,7 @@ class TrainConfig(_Section):
     # the local optimiser of every client's training (momentum applies to sgd; adam and adamw
     # use torch's default betas; weight_decay is L2 in sgd and adam, decoupled in adamw)
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
-    # the learning rate over rounds (lr_factor): constant; step: x lr_gamma every
+    # the learning rate over rounds (pflkit.engine.schedule.lr_factor): constant; step: x lr_gamma every
     # lr_step_rounds rounds (PFLlib's -ld: gamma 0.99 every round); cosine: from lr at round 1
     # down to lr_min after the last round. It scales every local learning rate of the round
     # (an algorithm's own ones too, e.g. Ditto's personal_lr)
@@ -220,18 +222,6 @@ class TrainConfig(_Section):
     # on_nan: skip_client, so that nothing reaches the server: stop the run (one sentence,
     # exit 2) or go on with the server unchanged
     on_empty_round: Literal["stop", "continue"] = "stop"
-
-
-def lr_factor(t: TrainConfig, rnd: int) -> float:
-    """The factor ``t.lr_schedule`` multiplies the learning rates of round ``rnd`` (1-based)
-    by: 1 for constant; ``lr_gamma ** ((rnd - 1) // lr_step_rounds)`` for step; for cosine,
-    ``(lr_min + (lr - lr_min) (1 + cos(pi (rnd - 1) / rounds)) / 2) / lr``."""
-    if t.lr_schedule == "step":
-        return t.lr_gamma ** ((rnd - 1) // t.lr_step_rounds)
-    if t.lr_schedule == "cosine":
-        cos = (1 + math.cos(math.pi * (rnd - 1) / t.rounds)) / 2
-        return (t.lr_min + (t.lr - t.lr_min) * cos) / t.lr
-    return 1.0
 
 
 class SystemConfig(_Section):
@@ -427,7 +417,7 @@ class ExperimentConfig(_Section):
     # modules that register user algorithms, models, datasets, partitioners (pflkit.plugins)
     plugins: list[str] = []
     seed: int = Field(0, ge=0, le=MAX_SEED)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N (resolve_device)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (pflkit.devices.resolve_device)
     # torch threads in this process; 1 (default) gives the same numbers on every machine and
     # runner; None: torch's choice (one per core), whose last bits depend on the core count
     threads: int | None = Field(1, gt=0, le=MAX_THREADS)
@@ -488,312 +478,11 @@ def _describe(err: ValidationError) -> str:
     return f"invalid config value '{where}'{shown}: {msg}"
 
 
-# -- what reading a config may cost (docs/guide.md, "Limits") ------------------------------------
-#: limit -> (the environment variable that changes it, its default). Every config a command
-#: reads (a file, a run folder's config.yaml, Flower's run config, a --set value) is checked
-#: against them before it is used: a file that is no regular file or is too large is refused
-#: before a byte is parsed, an alias bomb or a deep nesting as soon as the parser reaches it.
-LIMITS: dict[str, tuple[str, int]] = {
-    "bytes": ("PFLKIT_CONFIG_MAX_BYTES", 2**20),  # a config file or text
-    "set": ("PFLKIT_SET_MAX_CHARS", 10_000),  # one --set, --grid or --algorithms value
-    "values": ("PFLKIT_CONFIG_MAX_VALUES", 100_000),  # values, every alias expanded
-    "aliases": ("PFLKIT_CONFIG_MAX_ALIASES", 1_000),  # uses of an alias (*name)
-    "depth": ("PFLKIT_CONFIG_MAX_DEPTH", 50),  # mappings and lists inside each other
-}
-
-
-def limit(name: str) -> int:
-    """The limit ``name`` of :data:`LIMITS`: its environment variable if set (a positive
-    whole number; for ``bytes`` also a size such as ``4MiB``), else its default."""
-    var, default = LIMITS[name]
-    text = os.environ.get(var, "").strip()
-    if not text:
-        return default
-    try:
-        value = parse_size(text) if name == "bytes" else int(text)
-    except ValueError:
-        value = 0
-    if not isinstance(value, int) or value < 1:
-        raise PflkitError(
-            f"{var}={text!r} is not a positive whole number: give e.g. {var}={2 * default}, "
-            "or unset it for the default"
-        )
-    return value
-
-
-def _size_text(n: int) -> str:
-    return f"{n} bytes" if n < 2**20 else f"{n / 2**20:.1f} MiB"
-
-
-class TooCostly(yaml.YAMLError):
-    """A YAML document past a limit of :data:`LIMITS`: ``problem`` says which and how to
-    raise it, ``problem_mark`` where the parser stopped."""
-
-    def __init__(self, problem: str, mark: Any):
-        super().__init__(problem)
-        self.problem, self.problem_mark = problem, mark
-
-
-def _too_costly(name: str, what: str, mark: Any) -> TooCostly:
-    var, _ = LIMITS[name]
-    most = limit(name)
-    return TooCostly(f"{what} (more than {most}): simplify it, or raise {var}", mark)
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML as a user means it: ``1e-1`` is a number (YAML 1.1 wants ``1.0e-1``), and a key
-    given twice in one mapping is an error rather than silently the last value. Within
-    :data:`LIMITS`: while the parser composes the document, every node's size with its aliases
-    expanded (``values``), the aliases used and the nesting depth are counted, and the first
-    one past its limit stops it (:class:`TooCostly`); so does an alias inside its own anchor.
-    Aliases still share one value: the count is what a consumer walking the config would see."""
-
-    def __init__(self, stream: Any):
-        super().__init__(stream)
-        self._most = {k: limit(k) for k in ("values", "aliases", "depth")}
-        self._depth = self._aliases = 0
-        self._sizes: dict[int, int] = {}  # id(node) -> its size, every alias expanded
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            self._aliases += 1
-            if self._aliases > self._most["aliases"]:
-                raise _too_costly("aliases", "it uses too many aliases", event.start_mark)
-            node = super().compose_node(parent, index)
-            if id(node) not in self._sizes:  # its anchor is still being composed
-                raise TooCostly(
-                    f"alias *{event.anchor} is used inside its own anchor &{event.anchor}, so "
-                    "the value would contain itself: repeat the value instead",
-                    event.start_mark,
-                )
-            return node
-        self._depth += 1
-        if self._depth > self._most["depth"]:
-            raise _too_costly("depth", "it nests too deep", self.peek_event().start_mark)
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-        if isinstance(node, yaml.MappingNode):
-            children = [n for pair in node.value for n in pair]
-        else:
-            children = node.value if isinstance(node, yaml.SequenceNode) else []
-        size = 1 + sum(self._sizes[id(c)] for c in children)
-        self._sizes[id(node)] = size
-        if size > self._most["values"]:
-            raise _too_costly(
-                "values", "it holds too many values once its aliases are expanded", node.end_mark
-            )
-        return node
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(None, None, f"key '{key}' appears twice", mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
-def load_yaml(text: str) -> Any:
-    """The value of the YAML document ``text``, within :data:`LIMITS` (its size is the
-    caller's to check); a yaml.YAMLError (:class:`TooCostly` past a limit) otherwise."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
-
-
-def _short_enough(text: str, what: str) -> None:
-    most = limit("set")
-    if len(text) > most:
-        raise PflkitError(
-            f"a {what} value of {len(text)} characters is above the limit of {most}: put it in "
-            f"the config file, or raise {LIMITS['set'][0]}"
-        )
-
-
-def parse_value(text: str, what: str = "--set") -> Any:
-    """Parse a ``--set`` value (``what``: the option it came from) as YAML (numbers, booleans,
-    lists, dicts), else keep the string; one sentence for a value past :data:`LIMITS`."""
-    _short_enough(text, what)
-    try:
-        return load_yaml(text)
-    except TooCostly as err:
-        shown = text if len(text) <= 40 else f"{text[:37]}..."
-        raise PflkitError(f"{what} value {shown!r} is refused: {err.problem}") from None
-    except yaml.YAMLError:
-        return text
-
-
-def config_text(text: str, what: str) -> dict[str, Any]:
-    """The config mapping of the YAML ``text`` (``what`` names it in an error, e.g. "config
-    file 'x.yaml'"), within :data:`LIMITS`; every problem is one sentence."""
-    most = limit("bytes")
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > most:
-        raise PflkitError(
-            f"{what} is {_size_text(size)}, above the {_size_text(most)} limit of a config: "
-            f"check that it is the right file, or raise {LIMITS['bytes'][0]}"
-        )
-    try:
-        raw = load_yaml(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        if isinstance(err, TooCostly):
-            raise PflkitError(f"{what} is refused{at}: {err.problem}") from None
-        problem = getattr(err, "problem", None) or "fix the syntax"
-        raise PflkitError(f"{what} is not valid YAML{at}: {problem}") from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise PflkitError(
-            f"{what} is not a mapping: a config must be a mapping of sections, not a "
-            f"{type(raw).__name__}"
-        )
-    return raw
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` overrides to a raw config dict (returns a new dict)."""
-    raw = copy.deepcopy(raw)
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        _short_enough(item, "--set")  # before it is shown in a sentence
-        if not sep or not key:
-            raise PflkitError(f"invalid --set {item!r}: write it as key=value, e.g. train.rounds=5")
-        parts = key.split(".")
-        if len(parts) > limit("depth"):
-            raise PflkitError(
-                f"--set key {key[:40] + '...'!r} has {len(parts)} parts, deeper than any config "
-                f"(more than {limit('depth')}): check it, or raise {LIMITS['depth'][0]}"
-            )
-        node = raw
-        for p in parts[:-1]:
-            child = node.setdefault(p, {})
-            if not isinstance(child, dict):
-                raise PflkitError(f"invalid --set '{item}': '{p}' is not a section")
-            node = child
-        node[parts[-1]] = parse_value(value)
-    return raw
-
-
-def select_algorithms(raw: dict[str, Any], text: str) -> dict[str, Any]:
-    """``--algorithms``: set ``compare.algorithms`` from a comma-separated list (returns a new
-    dict). An item that is the ``name`` or ``label`` of entries of the config's own
-    ``compare.algorithms`` selects those entries, parameters and all (``fedrep`` selects
-    ``{name: fedrep, head_epochs: 1}``; every entry of that name, in the config's order); any
-    other item is an entry of its own: a name (the algorithm at its defaults) or
-    ``{name: ..., param: value}``."""
-    items = parse_value(f"[{text}]", "--algorithms")
-    if not isinstance(items, list):
-        raise PflkitError(
-            f"invalid --algorithms '{text}': give comma-separated names, e.g. fedavg,fedprox"
-        )
-    raw = copy.deepcopy(raw)
-    compare = raw.setdefault("compare", {})
-    if not isinstance(compare, dict):
-        raise PflkitError(f"invalid --algorithms '{text}': the config's compare is not a section")
-    entries = compare.get("algorithms") or []
-
-    def keys(entry: Any) -> set[Any]:
-        if isinstance(entry, dict):
-            return {entry.get("name"), entry.get("label")} - {None}
-        return {entry}
-
-    chosen = []
-    for item in items:
-        matches = [e for e in entries if isinstance(item, str) and item in keys(e)]
-        chosen += matches or [item]
-    compare["algorithms"] = chosen
-    return raw
-
-
 def parse(raw: dict[str, Any]) -> ExperimentConfig:
-    """The typed config of ``raw``, its device checked; the ``algorithm`` section stays as given
-    (:func:`pflkit.experiment.validate` has the algorithm's ``Params`` validate it)."""
+    """The typed config of ``raw``, every value checked against the schema; a mistake is one
+    sentence (:class:`PflkitError`). The ``algorithm`` section stays as given and the device
+    is not looked for: :func:`pflkit.experiment.validate` does both."""
     try:
-        cfg = ExperimentConfig.model_validate(raw)
+        return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
         raise PflkitError(_describe(err)) from None
-    resolve_device(cfg.device)  # a wrong or missing device fails here, in one sentence
-    return cfg
-
-
-def resolve_device(name: str) -> str:
-    """The torch device ``name`` stands for: ``auto`` is ``cuda`` when a CUDA device is
-    available and ``cpu`` otherwise; ``cpu``, ``cuda`` and ``cuda:N`` are checked to exist
-    here. A wrong or unavailable device is one sentence (:class:`PflkitError`)."""
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if name == "auto":
-        return "cuda" if count else "cpu"
-    if name == "cpu":
-        return name
-    m = re.fullmatch(r"cuda(?::(\d+))?", str(name))
-    if not m:
-        raise PflkitError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N")
-    if int(m.group(1) or 0) >= count:
-        have = f"{count} CUDA device(s)" if count else "no CUDA device (or a CPU-only torch)"
-        raise PflkitError(
-            f"device {name!r} is not available: this machine has {have}; use device: auto or cpu"
-        )
-    return name
-
-
-_KINDS = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a named pipe"),
-    (stat.S_ISCHR, "a device"),
-    (stat.S_ISBLK, "a device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
-    """The config mapping of the YAML file ``path`` (``what`` it is, in an error): a regular
-    file of at most ``limit("bytes")`` bytes (checked before it is read: a folder, a pipe or a
-    device such as /dev/zero is refused at once, and so is a large file), within
-    :data:`LIMITS`."""
-    path = Path(path)
-    what = f"{what} '{path}'"
-    try:  # non-blocking: opening a named pipe must not wait for a writer
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as err:
-        raise PflkitError(f"cannot read {what}: {err.strerror or err}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
-            raise PflkitError(f"{what} is {kind}, not a regular file: give a YAML file")
-        most = limit("bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(most + 1)  # a file that grows, or a /proc file that says size 0
-    except OSError as err:
-        raise PflkitError(f"cannot read {what}: {err.strerror or err}") from None
-    finally:
-        os.close(fd)
-    if len(data) > most:
-        size = max(os.stat(path).st_size, len(data))
-        raise PflkitError(
-            f"{what} is {_size_text(size)}, above the {_size_text(most)} limit of a config: "
-            f"check that it is the right file, or raise {LIMITS['bytes'][0]}"
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PflkitError(f"{what} is not UTF-8 text: save it as UTF-8") from None
-    return config_text(text, what)

@@ -3,7 +3,7 @@ load its plugins (:mod:`pflkit.plugins`) and have its algorithm's ``Params`` val
 ``algorithm:`` keys and fill in every default (:func:`pflkit.algorithms.resolve_params`).
 
 The layers import one way, each only from those before it (tests/test_structure.py checks it):
-errors and strict; config; data and models; algorithms (the contract: base, env, blocks) and
+errors, strict and devices; config (the schema) and config_io (its text); data and models; algorithms (the contract: base, env, blocks) and
 plugins; this module; engine; cli and flower. The config knows no algorithm: this module joins
 the two, so every caller (the command line, the Python API, the engine's resume and worker
 processes, Flower's apps) gets the same checks in the same order.
@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pflkit.config import ExperimentConfig, apply_overrides, parse, read_yaml, select_algorithms
+from pflkit.config import ExperimentConfig, parse
+from pflkit.config_io import apply_overrides, read_yaml, select_algorithms
+from pflkit.devices import resolve_device
 from pflkit.errors import PflkitError
 from pflkit.examples import resolve
 
@@ -45,7 +47,8 @@ class TypedAlgorithm:
 def validate(raw: dict[str, Any]) -> ExperimentConfig:
     """The typed config of ``raw``; the algorithm's parameters are validated by its ``Params``
     once and every default is filled in (so a run's config.yaml records all of them); the
-    config keeps the parsed section (:func:`algorithm_of`)."""
+    config keeps the parsed section (:func:`algorithm_of`), and the device is checked to exist
+    on this machine."""
     # imported on use: the command line imports this module at its start, before torch
     from pflkit.algorithms.base import typed_params
     from pflkit.plugins import load_plugins
@@ -55,6 +58,7 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
         raise PflkitError(f"plugins must be a list of module names (got {plugins!r})")
     load_plugins(plugins)  # before validation: they may register the names used below
     cfg = parse(raw)
+    resolve_device(cfg.device)  # a wrong or missing device fails here, in one sentence
     typed = TypedAlgorithm(*typed_params(cfg.algorithm, cfg.train.weighting), {})
     cfg.algorithm = typed.record()
     cfg._typed_algorithm = TypedAlgorithm(typed.cls, typed.params, dict(cfg.algorithm))
@@ -84,7 +88,7 @@ def load_config(
     e.g. ``"quickstart"``: :func:`pflkit.examples.resolve`) or start from defaults, apply
     overrides, add ``plugins`` (module names, e.g. from ``--import``) to its ``plugins`` list,
     choose ``compare.algorithms`` from ``algorithms`` (``--algorithms``;
-    :func:`pflkit.config.select_algorithms`), validate."""
+    :func:`pflkit.config_io.select_algorithms`), validate."""
     raw = apply_overrides(read_yaml(resolve(path)) if path is not None else {}, overrides or [])
     if algorithms:
         raw = select_algorithms(raw, algorithms)

@@ -50,10 +50,12 @@ from pflkit.algorithms import Algorithm
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
 from pflkit.algorithms.context import EVALUATE as EVALUATE  # re-exported: the engine's name for it
 from pflkit.algorithms.env import ClientEnv, RunFacts
-from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
+from pflkit.config import ExperimentConfig, SystemConfig
 from pflkit.data.federated import FederatedDataset
+from pflkit.devices import resolve_device
 from pflkit.engine import vectorized, worker
 from pflkit.engine.runners import RUNNERS
+from pflkit.engine.schedule import lr_factor
 from pflkit.errors import PflkitError
 from pflkit.eval.evaluate import accuracy, finetuned
 from pflkit.primitives.training import Weights, get_weights

@@ -44,7 +44,8 @@ from typing import Any, TypeGuard, cast
 import yaml
 
 from pflkit.algorithms.base import resolve_params
-from pflkit.config import ExperimentConfig, apply_overrides, read_yaml
+from pflkit.config import ExperimentConfig
+from pflkit.config_io import apply_overrides, read_yaml
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.clients import child_signals_blocked
 from pflkit.engine.folder import make_folder, under, write_atomic

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from pflkit.algorithms.env import ClientEnv, ModelPool, RunFacts, ServerEnv
-from pflkit.config import ExperimentConfig, ModelConfig, resolve_device
+from pflkit.config import ExperimentConfig, ModelConfig
 from pflkit.data.federated import FederatedDataset
+from pflkit.devices import resolve_device
 from pflkit.errors import PflkitError
 from pflkit.experiment import algorithm_of
 from pflkit.privacy import dpsgd

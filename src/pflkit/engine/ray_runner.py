@@ -36,10 +36,18 @@ from typing import Any
 
 from pflkit.algorithms import Algorithm
 from pflkit.algorithms.env import ClientEnv
-from pflkit.config import ExperimentConfig, resolve_device
+from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset
+from pflkit.devices import resolve_device
 from pflkit.engine import worker
-from pflkit.engine.clients import ClientRunner, Job, TrainJob, reply, run_job, unpack_replies
+from pflkit.engine.clients import (
+    ClientRunner,
+    Job,
+    TrainJob,
+    reply,
+    run_job,
+    unpack_replies,
+)
 from pflkit.engine.runners import RUNNERS
 from pflkit.errors import PflkitError
 

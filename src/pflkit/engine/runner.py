@@ -29,8 +29,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pflkit.config import ExperimentConfig, TrainConfig, apply_overrides, read_yaml, resolve_device
+from pflkit.config import ExperimentConfig, TrainConfig
+from pflkit.config_io import apply_overrides, read_yaml
 from pflkit.data.federated import FederatedDataset
+from pflkit.devices import resolve_device
 from pflkit.engine.clients import ClientRunner, InProcess
 from pflkit.engine.folder import (
     LOCK,

@@ -42,9 +42,10 @@ import torch
 
 from pflkit.algorithms.base import State, Upload, nbytes
 from pflkit.algorithms.context import ServerContext
-from pflkit.config import ExperimentConfig, resolve_device
+from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
-from pflkit.engine import ray_runner, vectorized, worker  # noqa: F401 (ray_runner: its entry)
+from pflkit.devices import resolve_device
+from pflkit.engine import ray_runner, vectorized, worker  # noqa: F401 ray_runner: its entry
 from pflkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from pflkit.engine.clients import (
     EVALUATE,

@@ -48,7 +48,8 @@ from torch.func import functional_call, grad, vmap
 from pflkit.algorithms import ALGORITHMS, Algorithm
 from pflkit.algorithms.base import Update, vectorizable
 from pflkit.algorithms.env import ClientEnv, ServerEnv
-from pflkit.config import ExperimentConfig, resolve_device
+from pflkit.config import ExperimentConfig
+from pflkit.devices import resolve_device
 from pflkit.errors import PflkitError
 from pflkit.primitives.training import (
     PLAIN_SGD,

@@ -36,7 +36,7 @@ serverapp = ServerApp()
 
 @serverapp.main()
 def main(grid: Grid, context: Context) -> None:
-    from pflkit.config import config_text
+    from pflkit.config_io import config_text
     from pflkit.engine.runner import run_experiment
     from pflkit.engine.runners import RUNNERS
     from pflkit.experiment import validate

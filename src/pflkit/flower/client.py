@@ -70,7 +70,7 @@ class Worker:
     _cache: dict[str, Worker] = {}
 
     def __init__(self, text: str):
-        from pflkit.config import config_text
+        from pflkit.config_io import config_text
         from pflkit.data.federated import build_federated
         from pflkit.engine import worker
         from pflkit.experiment import validate

@@ -33,7 +33,7 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from pflkit.algorithms.base import Update
-from pflkit.config import resolve_device
+from pflkit.devices import resolve_device
 from pflkit.engine.clients import ClientRunner, EvalJob, TrainJob
 from pflkit.engine.runners import RUNNERS
 from pflkit.errors import PflkitError

@@ -63,7 +63,7 @@ class LocalOptim:
     :data:`PLAIN_SGD`, is SGD at the lr given, every batch (server-side training)."""
 
     optimizer: str = "sgd"  # sgd | adam | adamw (train.optimizer)
-    lr_factor: float = 1.0  # the round's learning-rate schedule factor (config.lr_factor)
+    lr_factor: float = 1.0  # the round's learning-rate schedule factor (engine.schedule)
     drop_last: bool = False  # epochs skip their last, incomplete batch (train.drop_last)
 
 

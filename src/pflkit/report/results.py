@@ -162,9 +162,9 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
 def _read_config(path: Path | Tree) -> dict[str, Any]:
     """A run folder's config.yaml as a mapping (read within the limits of any config,
-    :func:`pflkit.config.read_yaml`; inside a run archive, :func:`pflkit.config.config_text`),
+    :func:`pflkit.config_io.read_yaml`; inside a run archive, :func:`pflkit.config_io.config_text`),
     or one sentence naming the file."""
-    from pflkit.config import config_text, read_yaml
+    from pflkit.config_io import config_text, read_yaml
 
     if isinstance(path, Path):
         return read_yaml(path, "the run config")
