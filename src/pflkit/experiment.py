@@ -24,6 +24,7 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
     and every default is filled in (so a run's config.yaml records all of them)."""
     # imported on use: the command line imports this module at its start, before torch
     from pflkit.algorithms import resolve_params
+    from pflkit.eval.metrics import resolve as resolve_metrics
     from pflkit.plugins import load_plugins
 
     plugins = raw.get("plugins") or []
@@ -32,6 +33,7 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
     load_plugins(plugins)  # before validation: they may register the names used below
     cfg = parse(raw)
     cfg.algorithm = resolve_params(cfg.algorithm, cfg.train.weighting)
+    resolve_metrics(cfg.eval.metrics, None)  # registered names (a plug-in's too)
     return cfg
 
 

@@ -51,7 +51,10 @@ from pflkit.data.federated import FederatedDataset
 from pflkit.engine import vectorized
 from pflkit.engine.envs import make_envs
 from pflkit.errors import PflkitError
-from pflkit.eval.evaluate import accuracy, finetuned
+from pflkit.eval.evaluate import finetuned
+from pflkit.eval.metrics import resolve as resolve_metrics
+from pflkit.eval.metrics import score_split
+from pflkit.eval.tasks import get_task
 from pflkit.experiment import validate
 from pflkit.privacy import dpsgd
 
@@ -192,17 +195,30 @@ def evaluate_client(
     upload: Upload | None = None,
     finetune_epochs: int = 0,
     adapt: Sequence[tuple[str, Payload]] | None = None,
-) -> dict[str, float]:
+    metrics: Sequence[str] = (),
+    task: str = "classification",
+) -> dict[str, Any]:
     """The client's accuracy on its local test split (``"test"``) and, when it has one
     (``data.val_fraction``), on its local validation split (``"val"``), both scored by the
     one model :func:`scored_model` gives (``adapt``: a held-out client's phases and payloads,
-    :func:`adapt_client`)."""
+    :func:`adapt_client`) as the data's ``task`` scores predictions
+    (:mod:`pflkit.eval.tasks`). With ``metrics`` (``eval.metrics`` beyond accuracy) also
+    ``"stats"``: split -> metric name -> the metric's sufficient statistics (plain numbers and
+    arrays, :func:`pflkit.eval.metrics.score_split`), which the server sums."""
     model = scored_model(algo, env, view, state, ctx, upload, finetune_epochs, adapt)
-    d = env.data
-    acc = {"test": accuracy(model, d.test_x, d.test_y, batch_size)}
+    d, how, chosen = env.data, get_task(task), resolve_metrics(metrics, task)
+    splits = {"test": (d.test_x, d.test_y)}
     if d.val_y is not None:
-        acc["val"] = accuracy(model, d.val_x, d.val_y, batch_size)
-    return acc
+        splits["val"] = (d.val_x, d.val_y)
+    out: dict[str, Any] = {}
+    stats = {}
+    for split, (x, y) in splits.items():
+        out[split], stats[split] = score_split(
+            model, x, y, batch_size, how, env.num_classes, chosen
+        )
+    if chosen:
+        out["stats"] = stats
+    return out
 
 
 def scored_model(
@@ -330,8 +346,10 @@ class EvalJob:
     # a held-out client (data.holdout_clients): (phase, payload) per phase of the round, run
     # through Algorithm.adapt_holdout before scoring (adapt_client); None: an ordinary client
     adapt: tuple[tuple[str, Payload], ...] | None = None
+    metrics: tuple[str, ...] = ()  # eval.metrics beyond accuracy (their statistics come back)
+    task: str = "classification"  # the data's task (pflkit.eval.tasks)
 
-    def run(self, algo: Algorithm, env: ClientEnv) -> dict[str, float]:
+    def run(self, algo: Algorithm, env: ClientEnv) -> dict[str, Any]:
         return evaluate_client(
             algo,
             env,
@@ -342,6 +360,8 @@ class EvalJob:
             self.upload,
             self.finetune_epochs,
             self.adapt,
+            self.metrics,
+            self.task,
         )
 
 
@@ -406,7 +426,9 @@ class InProcess(ClientRunner):
 def run_jobs(algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job]) -> dict[int, Any]:
     """The results of ``jobs`` (all of one kind) by client, in job order, by the vectorised
     engine (:mod:`pflkit.engine.vectorized`): training as one computation; evaluation of the
-    clients scored by the default scoring model too (the others one by one)."""
+    clients scored by the default scoring model too, where only accuracy on a classification
+    task is asked for (the others one by one, which computes every metric of
+    ``eval.metrics`` and every task)."""
     if not jobs:
         return {}
     if isinstance(jobs[0], TrainJob):
@@ -415,6 +437,8 @@ def run_jobs(algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job]) ->
 
     def weights(job: EvalJob) -> Weights | None:
         if not default_scoring or job.adapt is not None or job.finetune_epochs:
+            return None
+        if job.metrics or job.task != "classification":  # batched_accuracy: accuracy only
             return None
         return scored_weights(algo, envs[job.cid], job.view, job.state, job.ctx, job.upload)
 

@@ -206,11 +206,11 @@ def partition_tables(settings: list[Setting]) -> list[tuple[str, Any, str]]:
         )
         try:
             data = build_federated(validate(raw).data)
+            splits = ["train", "test"] + (["val"] if data.has_val else [])
+            table = sum(data.class_table(s) for s in splits)
         except (PflkitError, OSError) as err:
             out.append((title, None, str(err)))
             continue
-        splits = ["train", "test"] + (["val"] if data.has_val else [])
-        table = sum(data.class_table(s) for s in splits)
         note = f"samples ({' + '.join(splits)}) per client and class"
         if pid and data.partition_id != pid:
             note += (
