@@ -128,7 +128,9 @@ MetricOpt = Annotated[
     str | None,
     typer.Option(
         help="The compared and selected metric: pers_acc_mean, pers_acc_weighted, "
-        "pers_acc_worst10 or global_acc."
+        "pers_acc_worst10 or global_acc; or a metric of eval.metrics by name (loss, f1_macro, "
+        "balanced_accuracy, ece, perplexity: its pers_<key>_mean) or field (pers_loss_weighted, "
+        "global_ece, ...)."
     ),
 ]
 SelectOpt = Annotated[
@@ -315,6 +317,7 @@ def compare(
     imports: ImportOpt = None,
     algorithms: AlgorithmsOpt = None,
     seeds: SeedsOpt = None,
+    metric: MetricOpt = None,
     out: OutOpt = None,
     quiet: QuietOpt = False,
     jobs: JobsOpt = 1,
@@ -329,6 +332,12 @@ def compare(
     from pflkit.engine.compare import run_compare
 
     cfg = load_config(config, _lists(set_, seeds), imports, algorithms)
+    if metric is not None:  # checked before anything runs; the plan keeps it for reports
+        import functools
+
+        from pflkit.report.results import compare_options
+
+        run_compare = functools.partial(run_compare, options=compare_options(metric))
     _many(run_compare, "compare", cfg, out, quiet, jobs, keep_going, force, skip_corrupt)
 
 

@@ -38,10 +38,10 @@ import torch
 from torch import Tensor
 
 from pflkit.config import DataConfig
-from pflkit.eval.tasks import get_task
 from pflkit.data.partition import PARTITIONERS, class_table, delegated_version, partition
 from pflkit.data.sources import check_data_root, default_data_root, load_source
 from pflkit.errors import PflkitError
+from pflkit.eval.tasks import get_task
 
 
 @dataclass(init=False, repr=False, eq=False)

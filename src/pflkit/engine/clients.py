@@ -44,7 +44,6 @@ from torch import nn
 
 from pflkit.algorithms import Algorithm, build_algorithm
 from pflkit.algorithms.base import Payload, RoundContext, State, Update, Upload
-from pflkit.primitives.training import Weights
 from pflkit.algorithms.env import ClientEnv, RunFacts
 from pflkit.config import ExperimentConfig, SystemConfig, lr_factor, resolve_device
 from pflkit.data.federated import FederatedDataset
@@ -56,6 +55,7 @@ from pflkit.eval.metrics import resolve as resolve_metrics
 from pflkit.eval.metrics import score_split
 from pflkit.eval.tasks import get_task
 from pflkit.experiment import validate
+from pflkit.primitives.training import Weights
 from pflkit.privacy import dpsgd
 
 # -- seeding (the same in every runner) ------------------------------------------------------------

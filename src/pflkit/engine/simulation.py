@@ -443,8 +443,15 @@ class Simulation:
         def job(cid: int, upload: Upload | None = None) -> EvalJob:
             state = self.job_state(cid)
             return EvalJob(
-                cid, view(cid), state, ctx, e.batch_size, e.finetune_epochs, upload,
-                metrics=names if upload is None else (), task=data.task,
+                cid,
+                view(cid),
+                state,
+                ctx,
+                e.batch_size,
+                e.finetune_epochs,
+                upload,
+                metrics=names if upload is None else (),
+                task=data.task,
             )
 
         def holdout_job(cid: int) -> EvalJob:

@@ -76,6 +76,7 @@ class Metric:
     key: str = ""  # in the row's field names
     description: str = ""
     higher_is_better: bool = True
+    percent: bool = True  # a share, which reports show x 100
     tasks: tuple[str, ...] = ("classification",)  # the tasks it applies to
 
     def stats(self, logits: Tensor, target: Tensor, num_classes: int) -> Stats:
@@ -114,6 +115,7 @@ class Loss(Metric):
     name, key = "loss", "loss"
     description = "mean cross-entropy (natural log) over predictions"
     higher_is_better = False
+    percent = False
     tasks = ("classification", "next_token")
 
     def stats(self, logits, target, num_classes):
@@ -291,27 +293,33 @@ def metric_fields(
     """The row fields of ``metrics`` from the clients' evaluation results (``results[cid]
     ["stats"][split][metric]``, :func:`pflkit.engine.clients.evaluate_client`) of the
     ``scored`` clients and the ``holdout`` ones (module docstring)."""
+
+    def of(m: Metric, cids: Sequence[int], split: str) -> dict[int, Stats]:
+        return {
+            c: results[c]["stats"][split][m.name]
+            for c in cids
+            if c in results and split in results[c].get("stats", {})
+        }
+
     out: dict[str, Any] = {}
     for m in metrics:
-
-        def of(cids: Sequence[int], split: str) -> dict[int, Stats]:
-            return {
-                c: results[c]["stats"][split][m.name]
-                for c in cids
-                if c in results and split in results[c].get("stats", {})
-            }
-
-        out |= client_fields(m, of(scored, "test"), "pers", num_clients)
-        if val := of(scored, "val"):
+        out |= client_fields(m, of(m, scored, "test"), "pers", num_clients)
+        if val := of(m, scored, "val"):
             out |= client_fields(m, val, "val_pers")
-        if held := of(holdout, "test"):
+        if held := of(m, holdout, "test"):
             out |= client_fields(m, held, "holdout")
     return out
 
 
 def global_fields(
-    metrics: Sequence[Metric], model: nn.Module, x: Tensor, y: Tensor, batch_size: int,
-    task: Task, num_classes: int, prefix: str = "global",
+    metrics: Sequence[Metric],
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    batch_size: int,
+    task: Task,
+    num_classes: int,
+    prefix: str = "global",
 ) -> dict[str, Any]:
     """``<prefix>_<key>`` of ``model`` (the server's, weights loaded) on ``(x, y)``."""
     _, stats = score_split(model, x, y, batch_size, task, num_classes, metrics)
@@ -343,3 +351,21 @@ def field_metric(field: str) -> Metric | None:
         if base in names or base == f"global_{m.key}":
             return m
     return None
+
+
+def fields_in(row: Mapping[str, Any]) -> dict[str, Metric]:
+    """The fields of ``row`` that chosen metrics (accuracy aside) gave it, each with its
+    metric: a metric counts as chosen when the row has its ``pers_<key>_mean``, ``global_<key>``
+    alone being in every row for loss (``global_loss``)."""
+    out: dict[str, Metric] = {}
+    for cls in METRICS.values():
+        m = cls()
+        if m.name == "accuracy" or f"pers_{m.key}_mean" not in row:
+            continue
+        out |= {k: m for k in row if _of(k, m)}
+    return out
+
+
+def _of(field: str, metric: Metric) -> bool:
+    found = field_metric(field)
+    return found is not None and found.name == metric.name

@@ -80,7 +80,9 @@ class Worker:
         self.cfg = validate(config_text(text, "the run config's 'config'"))
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
-        _, self.envs = make_envs(self.cfg, build_federated(self.cfg.data))
+        data = build_federated(self.cfg.data)
+        self.task = data.task  # how evaluation scores predictions (pflkit.eval.tasks)
+        _, self.envs = make_envs(self.cfg, data)
         self.algo = build_algorithm(self.cfg.algorithm)
 
     @classmethod
@@ -222,6 +224,7 @@ def secure_train(msg: Message, context: Context, info: dict[str, Any], w: Worker
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     from pflkit.engine.clients import EVALUATE, evaluate_client, round_context
+    from pflkit.eval.metrics import extra
     from pflkit.flower import codec
 
     info, w = _open(msg)
@@ -234,10 +237,20 @@ def evaluate(msg: Message, context: Context) -> Message:
     )
     e = w.cfg.eval
     ctx = round_context(w.envs[cid].run, rnd, EVALUATE)
+    metrics = () if selected else extra(e.metrics)  # their statistics, for the server to sum
     acc = evaluate_client(
-        w.algo, w.envs[cid], view, state, ctx, e.batch_size, upload, e.finetune_epochs
+        w.algo,
+        w.envs[cid],
+        view,
+        state,
+        ctx,
+        e.batch_size,
+        upload,
+        e.finetune_epochs,
+        metrics=metrics,
+        task=w.task,
     )
-    return _reply(msg, accuracy=acc)  # {"test": ..., "val": ...}: split -> accuracy
+    return _reply(msg, accuracy=acc)  # {"test": ..., "val": ..., "stats": ...}: split -> accuracy
 
 
 def info_record(config_text: str, **values: Any) -> ConfigRecord:
