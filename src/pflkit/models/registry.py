@@ -131,8 +131,8 @@ _ENTRIES = [
     ),
     ModelInfo(
         "gru_lm",
-        "a small GRU language model for next-token prediction on token sequences: embedding "
-        "(vocab x embed 64), 1-layer GRU (hidden 128, the body), linear head per position",
+        "pflkit's own small GRU language model (no paper's code) for next-token prediction: "
+        "embedding (vocab x embed 64), 1-layer GRU (hidden 128, the body), per-position head",
         gru_lm,
     ),
 ]
