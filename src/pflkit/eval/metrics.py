@@ -63,9 +63,12 @@ from pflkit.eval.tasks import Task
 from pflkit.primitives.training import predict
 from pflkit.registry import Registry
 
-Stats = dict[str, Any]  # a metric's sufficient statistics: numbers and NumPy arrays, summable
+Stats = dict[str, Any]
+"""A metric's sufficient statistics: numbers and NumPy arrays that add up over clients."""
 DEFAULT = ("accuracy",)
+"""``eval.metrics``' default."""
 ECE_BINS = 15
+"""The equal-width confidence bins of :class:`ECE`."""
 
 
 class Metric:
@@ -89,10 +92,13 @@ class Metric:
 
 
 METRICS: Registry[type[Metric]] = Registry("metric")
+"""Name -> :class:`Metric` subclass: what ``eval.metrics`` chooses among."""
 
 
 @METRICS.add
 class Accuracy(Metric):
+    """Correct predictions / predictions; statistics: ``correct``, ``n``."""
+
     name, key = "accuracy", "acc"
     description = "correct predictions / predictions (tokens for next-token prediction)"
     tasks = ("classification", "next_token")
@@ -112,6 +118,8 @@ def _ce_sum(logits: Tensor, target: Tensor) -> float:
 
 @METRICS.add
 class Loss(Metric):
+    """The mean cross-entropy; statistics: ``loss_sum`` (float64), ``n``."""
+
     name, key = "loss", "loss"
     description = "mean cross-entropy (natural log) over predictions"
     higher_is_better = False
@@ -127,6 +135,8 @@ class Loss(Metric):
 
 @METRICS.add
 class Perplexity(Loss):
+    """exp of the mean cross-entropy; the statistics of :class:`Loss`."""
+
     name, key = "perplexity", "ppl"
     description = "exp(mean cross-entropy)"
 
@@ -144,6 +154,8 @@ def confusion(logits: Tensor, target: Tensor, num_classes: int) -> np.ndarray:
 
 @METRICS.add
 class MacroF1(Metric):
+    """Macro-averaged F1 (module docstring); statistics: the ``confusion`` counts."""
+
     name, key = "f1_macro", "f1_macro"
     description = "unweighted mean over classes of F1 (classes in the targets or predictions)"
 
@@ -160,6 +172,8 @@ class MacroF1(Metric):
 
 @METRICS.add
 class BalancedAccuracy(Metric):
+    """The mean recall over the classes in the targets; statistics: the ``confusion``."""
+
     name, key = "balanced_accuracy", "bal_acc"
     description = "unweighted mean over the classes in the targets of their recall"
 
@@ -175,6 +189,9 @@ class BalancedAccuracy(Metric):
 
 @METRICS.add
 class ECE(Metric):
+    """Expected calibration error (module docstring); statistics per bin: ``count``,
+    ``conf`` (summed confidence), ``correct``."""
+
     name, key = "ece", "ece"
     description = f"expected calibration error, {ECE_BINS} equal-width confidence bins"
     higher_is_better = False

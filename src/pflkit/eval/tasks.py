@@ -60,16 +60,21 @@ class Task:
 
 
 TASKS: Registry[type[Task]] = Registry("task")
+"""Name -> :class:`Task` subclass: the tasks a source may name (``Source.task``)."""
 
 
 @TASKS.add
 class Classification(Task):
+    """One class per sample."""
+
     name = "classification"
     description = "one class per sample: labels [N], logits [N, C]"
 
 
 @TASKS.add
 class NextToken(Task):
+    """The next token at every position of a token sequence (module docstring)."""
+
     name = "next_token"
     description = (
         "next-token prediction: token ids [N, L], targets the next token at each position "
