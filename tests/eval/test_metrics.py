@@ -75,6 +75,10 @@ def test_ece_by_hand():
     stats = m.stats(logits, target, 2)
     assert stats["count"].tolist() == [0] * 9 + [1, 1, 0, 0, 2, 0]
     assert m.value(stats) == pytest.approx(0.47)
+    # a confidence on a bin's upper edge belongs to that bin: 1/3 = 5/15 is in (4/15, 5/15]
+    edge = m.stats(torch.zeros(2, 3, dtype=torch.float64), torch.tensor([0, 1]), 3)
+    assert edge["count"].tolist() == [0] * 4 + [2] + [0] * 10
+    assert m.value(edge) == pytest.approx(abs(1 / 2 - 1 / 3))
 
 
 def ece_loop(conf: np.ndarray, correct: np.ndarray, bins: int = 15) -> float:
@@ -201,3 +205,15 @@ def test_run_refuses_an_unknown_metric_in_one_sentence(cli, tmp_path):
     assert res.returncode == 2
     assert "unknown metric 'f1' in eval.metrics: the registered metrics are accuracy" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "runs").exists()
+
+
+def test_vectorized_engine_scores_the_chosen_metrics_per_client(tiny, tmp_path):
+    metrics = {"metrics": ["loss", "f1_macro", "ece"]}
+    rows = {
+        v: run_experiment(
+            tiny(eval=metrics, engine={"workers": 1, "vectorize": v}), out=tmp_path / str(v)
+        ).rows[-1]
+        for v in (False, True)
+    }
+    for key in ("pers_loss_weighted", "pers_f1_macro_mean", "pers_ece_worst10", "global_ece"):
+        assert rows[True][key] == pytest.approx(rows[False][key], abs=1e-5)
