@@ -29,6 +29,8 @@ CASES = {
     "fedavg": {"algorithm": {"name": "fedavg"}},
     "map": {"algorithm": {"name": "map"}, "eval": {"selected_clients": True}},
     "fedavg_ft": {"algorithm": {"name": "fedavg_ft"}},  # trains while it evaluates
+    # eval.metrics: the nodes send each metric's statistics, the server sums them
+    "metrics": {"algorithm": {"name": "fedper"}, "eval": {"metrics": ["loss", "f1_macro", "ece"]}},
     "ktpfl": {
         "algorithm": {"name": "ktpfl"},
         "data": {"public": {"dataset": "digits", "size": 64}},

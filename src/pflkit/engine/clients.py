@@ -395,7 +395,7 @@ class ClientRunner:
         job order, as ``job.run(algo, envs[job.cid])`` computes it: for a :class:`TrainJob`
         the :class:`~pflkit.algorithms.Update` (its state None where ``keeps_state`` is False)
         or None (the client diverged: ``train.on_nan: skip_client``), for an :class:`EvalJob`
-        the client's accuracy per split. A client missing from the result failed (Flower
+        the client's accuracy per split (and its metrics' statistics, :func:`evaluate_client`). A client missing from the result failed (Flower
         only). ``meanwhile`` is server work (scoring the global model) that runs while the
         clients work, where they run elsewhere."""
         raise NotImplementedError

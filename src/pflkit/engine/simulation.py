@@ -407,7 +407,10 @@ class Simulation:
         any, and always under sampling. Held-out clients (``data.holdout_clients``; all, or a
         sample of at most n) are scored after their personalization step
         (:meth:`~pflkit.algorithms.Algorithm.adapt_holdout`, run by the runner on a state
-        thrown away afterwards) and reported as ``holdout_acc_*``."""
+        thrown away afterwards) and reported as ``holdout_acc_*``. The metrics of
+        ``eval.metrics`` beyond accuracy come back from the clients as sufficient statistics
+        and are summed into the row's fields by :func:`~pflkit.eval.metrics.metric_fields`
+        (the global model's by :func:`~pflkit.eval.metrics.global_fields`)."""
         cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
         row: dict[str, Any] = {}
         gw = algo.global_weights(senv, self.server, rnd)
