@@ -96,3 +96,13 @@ def test_compare_refuses_an_unknown_metric_before_running(cli, tmp_path):
     res = cli("compare", "c.yaml", "--metric", "macro_f1", "--out", "cmp", cwd=tmp_path)
     assert res.returncode == 2 and "unknown metric 'macro_f1'" in res.stderr
     assert not (tmp_path / "cmp").exists()
+
+
+def test_run_prints_a_loss_as_it_is_and_accuracy_in_percent(cli, tmp_path):
+    raw = tiny_config(eval={"metrics": ["accuracy", "loss"]})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    res = cli("run", "c.yaml", "--out", "run", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    final = json.loads((tmp_path / "run" / "summary.json").read_text())["final"]
+    assert f"pers_loss_mean {final['pers_loss_mean']:g}," in res.stdout
+    assert f"pers_acc_mean {100 * final['pers_acc_mean']:.2f}%" in res.stdout
