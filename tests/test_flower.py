@@ -29,6 +29,8 @@ CASES = {
     "fedavg": {"algorithm": {"name": "fedavg"}},
     "map": {"algorithm": {"name": "map"}, "eval": {"selected_clients": True}},
     "fedavg_ft": {"algorithm": {"name": "fedavg_ft"}},  # trains while it evaluates
+    # eval.metrics: the nodes send each metric's statistics, the server sums them
+    "metrics": {"algorithm": {"name": "fedper"}, "eval": {"metrics": ["loss", "f1_macro", "ece"]}},
     "ktpfl": {
         "algorithm": {"name": "ktpfl"},
         "data": {"public": {"dataset": "digits", "size": 64}},
@@ -159,9 +161,9 @@ def test_nodes_run_in_the_round_context_their_jobs_carry(tmp_path, monkeypatch):
         received[("TrainJob", env.cid, ctx.round)] = ctx
         return real_train(algo, env, payload, state, ctx, p)
 
-    def evaluate(algo, env, view, state, ctx, *args):
+    def evaluate(algo, env, view, state, ctx, *args, **kwargs):
         received[("EvalJob", env.cid, ctx.round)] = ctx
-        return real_eval(algo, env, view, state, ctx, *args)
+        return real_eval(algo, env, view, state, ctx, *args, **kwargs)
 
     monkeypatch.setattr(simulation, "round_context", unusual)
     monkeypatch.setattr(FlowerRunner, "run", run)

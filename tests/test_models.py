@@ -85,7 +85,10 @@ def _linears(module: nn.Module) -> list[nn.Linear]:
 
 
 # models whose input is not a float tensor: their shapes and counts are tested in their own file
-TESTED_ELSEWHERE = {"fasttext": "tests/test_text_data.py (token ids)"}
+TESTED_ELSEWHERE = {
+    "fasttext": "tests/test_text_data.py (token ids)",
+    "gru_lm": "tests/eval/test_tasks.py (next-token prediction)",
+}
 
 
 def test_registry_entries_are_documented_and_tested():

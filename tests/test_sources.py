@@ -108,6 +108,7 @@ def test_registry_names_and_descriptions():
         "ag_news",
         "amazon_review",
         "hf",
+        "python_docs",
     }
     assert set(SOURCES) == expected
     for key, info in SOURCES.items():

@@ -261,6 +261,11 @@ class EvalConfig(_Section):
     # sample of N (the same for every algorithm of a compare; a new sample each evaluation
     # round); the row then reports the estimate and its standard error (docs/guide.md)
     clients: int | Literal["all"] = "all"
+    # the metrics scored: names in pflkit.eval.metrics.METRICS (accuracy, loss, perplexity,
+    # f1_macro, balanced_accuracy, ece, and plug-ins'). Accuracy is scored in any case (the
+    # pers_acc_* and global_acc fields); each other one adds pers_<key>_mean / _weighted /
+    # _std / _worst10 / _clients and global_<key> to the rows (docs/guide.md, "Metrics")
+    metrics: list[str] = Field(["accuracy"], min_length=1)
 
     @field_validator("clients")
     @classmethod

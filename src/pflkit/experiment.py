@@ -51,6 +51,7 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
     on this machine."""
     # imported on use: the command line imports this module at its start, before torch
     from pflkit.algorithms.base import typed_params
+    from pflkit.eval.metrics import resolve as resolve_metrics
     from pflkit.plugins import load_plugins
 
     plugins = raw.get("plugins") or []
@@ -62,6 +63,7 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
     typed = TypedAlgorithm(*typed_params(cfg.algorithm, cfg.train.weighting), {})
     cfg.algorithm = typed.record()
     cfg._typed_algorithm = TypedAlgorithm(typed.cls, typed.params, dict(cfg.algorithm))
+    resolve_metrics(cfg.eval.metrics, None)  # registered names (a plug-in's too)
     return cfg
 
 

@@ -77,9 +77,11 @@ def _lists(set_: list[str] | None, seeds: str | None) -> list[str]:
 
 def _show_summary(run_dir: Path, summary: dict) -> None:
     """Print the run folder and the accuracies of ``summary``'s last round (its ``final``)."""
+    from pflkit.report.results import percent
+
     final = summary.get("final", {})
-    shown = ", ".join(
-        f"{k} {v:g}" if k.startswith("eval_") else f"{k} {100 * v:.2f}%"  # eval_*: counts
+    shown = ", ".join(  # eval_*: counts; a loss or perplexity (eval.metrics) as it is
+        f"{k} {v:g}" if k.startswith("eval_") or not percent(k) else f"{k} {100 * v:.2f}%"
         for k, v in final.items()
         if k != "round" and v is not None
     )

@@ -9,6 +9,7 @@ from pflkit.cli.options import (
     ConfigArg,
     ImportOpt,
     ManyRuns,
+    MetricOpt,
     SeedsOpt,
     SetOpt,
     many_runs,
@@ -23,6 +24,7 @@ def compare(
     imports: ImportOpt = None,
     algorithms: AlgorithmsOpt = None,
     seeds: SeedsOpt = None,
+    metric: MetricOpt = None,
     runs: ManyRuns = DEFAULTS,
 ) -> None:
     """Compare algorithms on one partition over several seeds: markdown table + curves.
@@ -32,4 +34,10 @@ def compare(
     from pflkit.engine.compare import run_compare
 
     cfg = load_config(config, _lists(set_, seeds), imports, algorithms)
+    if metric is not None:  # checked before anything runs; the plan keeps it for reports
+        import functools
+
+        from pflkit.report.results import compare_options
+
+        run_compare = functools.partial(run_compare, options=compare_options(metric))
     _many(run_compare, "compare", cfg, runs)

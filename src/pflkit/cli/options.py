@@ -115,7 +115,9 @@ MetricOpt = Annotated[
     str | None,
     typer.Option(
         help="The compared and selected metric: pers_acc_mean, pers_acc_weighted, "
-        "pers_acc_worst10 or global_acc."
+        "pers_acc_worst10 or global_acc; or a metric of eval.metrics by name (loss, f1_macro, "
+        "balanced_accuracy, ece, perplexity: its pers_<key>_mean) or field (pers_loss_weighted, "
+        "global_ece, ...)."
     ),
 ]
 

@@ -42,11 +42,11 @@ class Source:
     """
 
     name: str
-    train_x: torch.Tensor  # float32 [N, C, H, W] (images) or [N, D] (vectors)
-    train_y: torch.Tensor  # int64 [N]
+    train_x: torch.Tensor  # float32 [N, C, H, W] (images) or [N, D] (vectors), [N, L] tokens
+    train_y: torch.Tensor  # int64 [N] classes; [N, L] next tokens (task next_token)
     test_x: torch.Tensor | None  # official test set; None when the source has none
     test_y: torch.Tensor | None
-    num_classes: int
+    num_classes: int  # classes; for next_token the vocabulary size
     train_groups: np.ndarray | None = None  # natural owner (writer/user index) per train sample
     group_names: list[str] | None = None  # name of each group index (LEAF user id, ...)
     class_names: list[str] | None = None
@@ -55,6 +55,9 @@ class Source:
     # what identifies the data when the name and options do not (a local folder whose content
     # may change: the hf source hashes its labels); part of the partition cache's key
     fingerprint: str | None = None
+    # what the targets are and how predictions are scored: a name in pflkit.eval.tasks.TASKS
+    # (classification, next_token)
+    task: str = "classification"
 
     @property
     def input_shape(self) -> tuple[int, ...]:

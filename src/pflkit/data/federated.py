@@ -41,6 +41,7 @@ from pflkit.config import DataConfig
 from pflkit.data.partition import PARTITIONERS, class_table, delegated_version, partition
 from pflkit.data.sources import check_data_root, default_data_root, load_source
 from pflkit.errors import PflkitError
+from pflkit.eval.tasks import get_task
 
 
 @dataclass(init=False, repr=False, eq=False)
@@ -196,6 +197,7 @@ class FederatedDataset:
     public_indices: np.ndarray | None = None
     class_names: list[str] | None = None  # the source's names of the classes, when it has them
     val_indices: list[np.ndarray] | None = None  # per client, when data.val_fraction > 0
+    task: str = "classification"  # the source's task (pflkit.eval.tasks)
 
     @property
     def num_clients(self) -> int:
@@ -246,6 +248,11 @@ class FederatedDataset:
         splits."""
         if split == "val" and not self.has_val:
             raise PflkitError("this dataset has no validation split: set data.val_fraction > 0")
+        if self.task != "classification":
+            raise PflkitError(
+                f"dataset '{self.name}' is a {self.task} task, whose samples have no class: "
+                "class tables exist for classification datasets only"
+            )
         labels, counts = self.split_labels(split)
         ends = np.cumsum(counts, dtype=np.int64)
         parts = [np.arange(e - n, e) for e, n in zip(ends, counts, strict=True)]
@@ -469,7 +476,9 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
     seed = cfg.seed
     root = check_data_root(Path(cfg.root).expanduser()) if cfg.root else default_data_root()
     src = load_source(cfg.dataset, root, download=cfg.download, **cfg.options)
-    labels = src.train_y.numpy()
+    task = get_task(src.task)
+    task.check_partition(cfg.partition["name"], cfg.dataset)
+    labels = task.partition_labels(src.train_y.numpy())
     official = _local_test(cfg) is not None
     if official and src.test_y is None:
         raise PflkitError(
@@ -517,6 +526,7 @@ def build_federated(cfg: DataConfig) -> FederatedDataset:
         public_indices=public_idx,
         class_names=src.class_names,
         val_indices=val_idx,
+        task=src.task,
     )
 
 

@@ -57,7 +57,10 @@ from pflkit.engine import vectorized, worker
 from pflkit.engine.runners import RUNNERS
 from pflkit.engine.schedule import lr_factor
 from pflkit.errors import PflkitError
-from pflkit.eval.evaluate import accuracy, finetuned
+from pflkit.eval.evaluate import finetuned
+from pflkit.eval.metrics import resolve as resolve_metrics
+from pflkit.eval.metrics import score_split
+from pflkit.eval.tasks import get_task
 from pflkit.primitives.training import Weights, get_weights
 from pflkit.privacy import dpsgd
 
@@ -195,17 +198,30 @@ def evaluate_client(
     upload: Upload | None = None,
     finetune_epochs: int = 0,
     adapt: Sequence[tuple[str, Payload]] | None = None,
-) -> dict[str, float]:
+    metrics: Sequence[str] = (),
+    task: str = "classification",
+) -> dict[str, Any]:
     """The client's accuracy on its local test split (``"test"``) and, when it has one
     (``data.val_fraction``), on its local validation split (``"val"``), both scored by the
     one model :func:`scored_model` gives (``adapt``: a held-out client's phases and payloads,
-    :func:`adapt_client`)."""
+    :func:`adapt_client`) as the data's ``task`` scores predictions
+    (:mod:`pflkit.eval.tasks`). With ``metrics`` (``eval.metrics`` beyond accuracy) also
+    ``"stats"``: split -> metric name -> the metric's sufficient statistics (plain numbers and
+    arrays, :func:`pflkit.eval.metrics.score_split`), which the server sums."""
     model = scored_model(algo, env, view, state, ctx, upload, finetune_epochs, adapt)
-    d = env.data
-    acc = {"test": accuracy(model, d.test_x, d.test_y, batch_size)}
+    d, how, chosen = env.data, get_task(task), resolve_metrics(metrics, task)
+    splits = {"test": (d.test_x, d.test_y)}
     if d.val_y is not None:
-        acc["val"] = accuracy(model, d.val_x, d.val_y, batch_size)
-    return acc
+        splits["val"] = (d.val_x, d.val_y)
+    out: dict[str, Any] = {}
+    stats = {}
+    for split, (x, y) in splits.items():
+        out[split], stats[split] = score_split(
+            model, x, y, batch_size, how, env.num_classes, chosen
+        )
+    if chosen:
+        out["stats"] = stats
+    return out
 
 
 def scored_model(
@@ -305,8 +321,10 @@ class EvalJob:
     # a held-out client (data.holdout_clients): (phase, payload) per phase of the round, run
     # through Algorithm.adapt_holdout before scoring (adapt_client); None: an ordinary client
     adapt: tuple[tuple[str, Payload], ...] | None = None
+    metrics: tuple[str, ...] = ()  # eval.metrics beyond accuracy (their statistics come back)
+    task: str = "classification"  # the data's task (pflkit.eval.tasks)
 
-    def run(self, algo: Algorithm, env: ClientEnv) -> dict[str, float]:
+    def run(self, algo: Algorithm, env: ClientEnv) -> dict[str, Any]:
         return evaluate_client(
             algo,
             env,
@@ -317,6 +335,8 @@ class EvalJob:
             self.upload,
             self.finetune_epochs,
             self.adapt,
+            self.metrics,
+            self.task,
         )
 
 
@@ -351,7 +371,7 @@ class ClientRunner:
         job order, as ``job.run(algo, envs[job.cid])`` computes it: for a :class:`TrainJob`
         the :class:`~pflkit.algorithms.Update` (its state None where ``keeps_state`` is False)
         or None (the client diverged: ``train.on_nan: skip_client``), for an :class:`EvalJob`
-        the client's accuracy per split. A client missing from the result failed (Flower
+        the client's accuracy per split (and its metrics' statistics, :func:`evaluate_client`). A client missing from the result failed (Flower
         only). ``meanwhile`` is server work (scoring the global model) that runs while the
         clients work, where they run elsewhere."""
         raise NotImplementedError
@@ -382,7 +402,9 @@ class InProcess(ClientRunner):
 def run_jobs(algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job]) -> dict[int, Any]:
     """The results of ``jobs`` (all of one kind) by client, in job order, by the vectorised
     engine (:mod:`pflkit.engine.vectorized`): training as one computation; evaluation of the
-    clients scored by the default scoring model too (the others one by one)."""
+    clients scored by the default scoring model too, where only accuracy on a classification
+    task is asked for (the others one by one, which computes every metric of
+    ``eval.metrics`` and every task)."""
     if not jobs:
         return {}
     if isinstance(jobs[0], TrainJob):
@@ -390,6 +412,8 @@ def run_jobs(algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job]) ->
 
     def weights(job: EvalJob) -> Weights | None:
         if job.adapt is not None or job.finetune_epochs:
+            return None
+        if job.metrics or job.task != "classification":  # batched_accuracy: accuracy only
             return None
         model = scored_model(algo, envs[job.cid], job.view, job.state, job.ctx, job.upload)
         return get_weights(model) if type(model) is type(envs[job.cid].model()) else None

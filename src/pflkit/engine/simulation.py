@@ -66,6 +66,9 @@ from pflkit.engine.states import ClientStates, StatesElsewhere
 from pflkit.errors import PflkitError
 from pflkit.eval import global_metrics, global_val_metrics, personal_metrics, val_metrics
 from pflkit.eval.evaluate import holdout_metrics, sampled_metrics, trained_split
+from pflkit.eval.metrics import extra, global_fields, metric_fields
+from pflkit.eval.metrics import resolve as resolve_metrics
+from pflkit.eval.tasks import get_task
 from pflkit.experiment import algorithm_of
 from pflkit.privacy import client_dp, dpsgd
 
@@ -154,6 +157,9 @@ class Simulation:
             clients = self.data.clients
             val_x = torch.cat([c.val_x for c in clients])
             self.val_xy = (val_x, torch.cat([c.val_y for c in clients]))
+        # the metrics of eval.metrics beyond accuracy, checked against the data's task
+        self.metrics = resolve_metrics(extra(cfg.eval.metrics), self.data.task)
+        self.task = get_task(self.data.task)
         # this process's algorithm and environments, built as every runner's workers build theirs
         self.algo, self.senv, self.envs = worker.start_worker(worker.WorkerSpec(cfg), self.data)
         self.algo.check(self.senv)
@@ -405,7 +411,10 @@ class Simulation:
         any, and always under sampling. Held-out clients (``data.holdout_clients``; all, or a
         sample of at most n) are scored after their personalization step
         (:meth:`~pflkit.algorithms.Algorithm.adapt_holdout`, run by the runner on a state
-        thrown away afterwards) and reported as ``holdout_acc_*``."""
+        thrown away afterwards) and reported as ``holdout_acc_*``. The metrics of
+        ``eval.metrics`` beyond accuracy come back from the clients as sufficient statistics
+        and are summed into the row's fields by :func:`~pflkit.eval.metrics.metric_fields`
+        (the global model's by :func:`~pflkit.eval.metrics.global_fields`)."""
         cfg, algo, senv, data = self.cfg, self.algo, self.senv, self.data
         row: dict[str, Any] = {}
         sctx = ServerContext(rnd, EVALUATE, cfg.seed)
@@ -417,8 +426,17 @@ class Simulation:
                 row.update(global_metrics(model, gw, data, cfg.eval.batch_size))
                 if self.val_xy is not None:
                     row.update(global_val_metrics(model, gw, *self.val_xy, cfg.eval.batch_size))
+                if self.metrics:  # the model's weights are loaded (global_metrics)
+                    xy = {"global": (data.test_x, data.test_y)}
+                    if self.val_xy is not None:
+                        xy["val_global"] = self.val_xy
+                    for where, (x, y) in xy.items():
+                        got = global_fields(self.metrics, model, x, y, *how, where)
+                        row.update({k: v for k, v in got.items() if k not in row})
 
         n, ctx, e = data.num_clients, round_context(senv.run, rnd, EVALUATE), cfg.eval
+        how = (e.batch_size, self.task, data.num_classes)  # how a split is scored
+        names = tuple(m.name for m in self.metrics)
         holdout = held_out(cfg)
         population = training_clients(n, holdout)
         scored = eval_sample(cfg.seed, rnd, population, e.clients)
@@ -432,7 +450,17 @@ class Simulation:
 
         def job(cid: int, upload: Upload | None = None) -> EvalJob:
             state = self.job_state(cid)
-            return EvalJob(cid, view(cid), state, ctx, e.batch_size, e.finetune_epochs, upload)
+            return EvalJob(
+                cid,
+                view(cid),
+                state,
+                ctx,
+                e.batch_size,
+                e.finetune_epochs,
+                upload,
+                metrics=names if upload is None else (),
+                task=data.task,
+            )
 
         def holdout_job(cid: int) -> EvalJob:
             steps = tuple(
@@ -460,6 +488,8 @@ class Simulation:
         if holdout:
             held = {cid: acc[cid]["test"] for cid in scored_holdout if cid in acc}
             row.update(holdout_metrics(held, len(holdout), counts, n))
+        if self.metrics:  # eval.metrics beyond accuracy (pflkit.eval.metrics)
+            row.update(metric_fields(self.metrics, acc, scored, n, scored_holdout))
         if cfg.eval.selected_clients and uploads:
             selected = [job(cid, upload) for cid, upload in uploads.items()]
             sel = self.runner.run(algo, self.envs, selected)

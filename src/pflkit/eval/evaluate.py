@@ -83,9 +83,11 @@ def global_metrics(model: nn.Module, weights, data, batch_size: int) -> dict[str
 
 
 def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> float:
-    """The share of ``(x, y)`` that ``model`` classifies right (0 for an empty split)."""
+    """The share of the targets of ``(x, y)`` that ``model`` predicts right (0 for an empty
+    split): samples for classification, tokens for next-token prediction (class dimension 1
+    in both, :mod:`pflkit.eval.tasks`)."""
     hits = int((predict(model, x, batch_size).argmax(1) == y).sum())
-    return hits / max(len(y), 1)
+    return hits / max(y.numel(), 1)
 
 
 def finetuned(

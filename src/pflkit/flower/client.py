@@ -77,8 +77,10 @@ class Worker:
 
         # the config crossed the network as text: validated here, once per node process
         self.cfg = validate(config_text(text, "the run config's 'config'"))
+        data = build_federated(self.cfg.data)
+        self.task = data.task  # how evaluation scores predictions (pflkit.eval.tasks)
         spec = worker.WorkerSpec(self.cfg, threads=self.cfg.threads)
-        self.algo, _, self.envs = worker.start_worker(spec, build_federated(self.cfg.data))
+        self.algo, _, self.envs = worker.start_worker(spec, data)
 
     @classmethod
     def get(cls, text: str) -> Worker:
@@ -217,6 +219,7 @@ def secure_train(msg: Message, context: Context, info: dict[str, Any], w: Worker
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     from pflkit.engine.clients import evaluate_client
+    from pflkit.eval.metrics import extra
     from pflkit.flower import codec
 
     info, w = _open(msg)
@@ -229,10 +232,20 @@ def evaluate(msg: Message, context: Context) -> Message:
     )
     e = w.cfg.eval
     ctx = received_context(msg, "ctx")
+    metrics = () if selected else extra(e.metrics)  # their statistics, for the server to sum
     acc = evaluate_client(
-        w.algo, w.envs[cid], view, state, ctx, e.batch_size, upload, e.finetune_epochs
+        w.algo,
+        w.envs[cid],
+        view,
+        state,
+        ctx,
+        e.batch_size,
+        upload,
+        e.finetune_epochs,
+        metrics=metrics,
+        task=w.task,
     )
-    return _reply(msg, accuracy=acc)  # {"test": ..., "val": ...}: split -> accuracy
+    return _reply(msg, accuracy=acc)  # {"test": ..., "val": ..., "stats": ...}: split -> accuracy
 
 
 def context_data(ctx: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pflkit.models.base import ModelInfo, PFLModel, check_num_classes, check_sha
 from pflkit.models.cnn import cnn4, fedproto_cnn, femnist_cnn, lenet5, lenet5_bn, map_lenet, tfcnn
 from pflkit.models.har import har_cnn
 from pflkit.models.hetero import ENTRIES as HETERO_ENTRIES
+from pflkit.models.lm import gru_lm
 from pflkit.models.mlp import map_mlpnet, mlp
 from pflkit.models.mobilenet import mobilenet_v2
 from pflkit.models.resnet import resnet18, resnet20, resnet56
@@ -127,6 +128,12 @@ _ENTRIES = [
         "GPFL/PFLlib code's HAR-CNN for 9x1x128 windows: conv 32-64 (1x9), FC 1024-512-C; "
         "option split: 'last' (head = last FC, default) or 'code' (head = 3 FC, feature 1664)",
         har_cnn,
+    ),
+    ModelInfo(
+        "gru_lm",
+        "pflkit's own small GRU language model (no paper's code) for next-token prediction: "
+        "embedding (vocab x embed 64), 1-layer GRU (hidden 128, the body), per-position head",
+        gru_lm,
     ),
 ]
 

@@ -67,8 +67,9 @@ class TokenMean(nn.Module):
         return out
 
 
-def token_ids(x: Tensor, vocab_size: int) -> Tensor:
-    """``x`` as int64 ids after checking every value is an integer in ``[0, vocab_size)``."""
+def token_ids(x: Tensor, vocab_size: int, model: str = "fasttext") -> Tensor:
+    """``x`` as int64 ids after checking every value is an integer in ``[0, vocab_size)``
+    (``model``: the model the error sentences name)."""
     if x.numel():
         lo, hi = torch.aminmax(x.detach())
         stats = [lo, hi]
@@ -77,12 +78,12 @@ def token_ids(x: Tensor, vocab_size: int) -> Tensor:
         lo_v, hi_v, *frac = torch.stack(stats).tolist()  # one synchronisation
         if lo_v < 0 or (frac and frac[0]):
             raise PflkitError(
-                f"model 'fasttext' takes token ids (integers >= 0) but got values from {lo_v:g} "
+                f"model '{model}' takes token ids (integers >= 0) but got values from {lo_v:g} "
                 f"to {hi_v:g}: use it with a text dataset such as ag_news"
             )
         if hi_v >= vocab_size:
             raise PflkitError(
-                f"model 'fasttext' got token id {hi_v:.0f} but has vocab_size {vocab_size}: set "
+                f"model '{model}' got token id {hi_v:.0f} but has vocab_size {vocab_size}: set "
                 f"model.options.vocab_size to the dataset's vocabulary size, or cap the "
                 f"vocabulary with data.options.max_vocab: {vocab_size}"
             )

@@ -28,7 +28,16 @@ from typing import Any
 import numpy as np
 
 from pflkit.errors import PflkitError
-from pflkit.report.results import AT, CHOOSABLE, FAIRNESS, METRICS, Setting, build_report
+from pflkit.report.results import (
+    AT,
+    FAIRNESS,
+    METRICS,
+    Setting,
+    build_report,
+    canonical_metric,
+    metric_title,
+    percent,
+)
 
 PAGE = "report.html"
 _AT_TITLE = {
@@ -72,14 +81,16 @@ def protocol_frame(settings: list[Setting], at: str, metric: str) -> Any:
     import pandas as pd
 
     numbers = build_report(settings, at=at, metric=metric).numbers
-    shown = METRICS | {metric: CHOOSABLE[metric]} | (FAIRNESS if at == "best_test" else {})
+    metric = canonical_metric(metric)
+    shown = METRICS | {metric: metric_title(metric)} | (FAIRNESS if at == "best_test" else {})
     rows = []
     for label, n in numbers.items():
         cols = n["final" if at == "last" else at]
         row: dict[str, Any] = {"setting": label, "algorithm": n["algorithm"]}
         row["seeds"] = len(n["seeds"])
         for key, name in shown.items():
-            v = np.asarray(cols.get(key, []), dtype=float) * (1 if key == "pers_acc_cv" else 100)
+            shares = key != "pers_acc_cv" and percent(key)
+            v = np.asarray(cols.get(key, []), dtype=float) * (100 if shares else 1)
             row[f"{name} mean"] = f"{v.mean():.2f}" if v.size else ""
             row[f"{name} std"] = f"{v.std():.2f}" if v.size else ""
         p = n["p_vs_best"]
@@ -206,11 +217,11 @@ def partition_tables(settings: list[Setting]) -> list[tuple[str, Any, str]]:
         )
         try:
             data = build_federated(validate(raw).data)
+            splits = ["train", "test"] + (["val"] if data.has_val else [])
+            table = sum(data.class_table(s) for s in splits)
         except (PflkitError, OSError) as err:
             out.append((title, None, str(err)))
             continue
-        splits = ["train", "test"] + (["val"] if data.has_val else [])
-        table = sum(data.class_table(s) for s in splits)
         note = f"samples ({' + '.join(splits)}) per client and class"
         if pid and data.partition_id != pid:
             note += (
@@ -293,7 +304,7 @@ def render(settings: list[Setting], metric: str = "pers_acc_mean") -> str:
     body.append(
         '<p class="note">Click a column header to sort (shift-click: by several columns); the '
         "search box filters rows. Mean and std over seeds, in %; p: two-sided paired t-test "
-        f"over seeds against the best setting on {html.escape(CHOOSABLE[metric])} (the best "
+        f"over seeds against the best setting on {html.escape(metric_title(metric))} (the best "
         "has none); an empty cell: a number the setting does not record.</p>"
     )
     for at in protocols(settings):

@@ -66,6 +66,9 @@ MORE_METRICS = {
     "holdout_acc_worst10": "held-out worst 10% (%)",
 }
 CHOOSABLE = METRICS | MORE_METRICS
+# besides these, --metric takes a metric's name in pflkit.eval.metrics.METRICS (its pers_<key>
+# _mean: "loss" is pers_loss_mean, "accuracy" pers_acc_mean) or one of its fields
+# (pers_<key>_mean, _weighted, _worst10, global_<key>; metric_title, canonical_metric)
 # the fairness columns of --at best_test (GPFL's Table 3: std [CV x 10^-2] across clients)
 FAIRNESS = {"pers_acc_std": "std over clients (%)", "pers_acc_cv": "CV over clients (×100)"}
 _AT_TEXT = {
@@ -352,23 +355,78 @@ def paired_p(a: dict[int, float], b: dict[int, float]) -> float | None:
     return float(stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue)
 
 
-def choose(val_scores: dict[str, float]) -> str | None:
-    """The label with the highest validation score (the first on ties; NaN, a setting without
-    the number, never wins; None if none has it). It is given the validation numbers only, so
-    test accuracy cannot influence the choice."""
-    scored = {k: v for k, v in val_scores.items() if not math.isnan(v)}
+def choose(val_scores: dict[str, float], lower: bool = False) -> str | None:
+    """The label with the highest validation score, or with ``lower`` the lowest (a loss; the
+    first on ties; NaN, a setting without the number, never wins; None if none has it). It is
+    given the validation numbers only, so test accuracy cannot influence the choice."""
+    scored = {k: -v if lower else v for k, v in val_scores.items() if not math.isnan(v)}
     return max(scored, key=lambda k: scored[k]) if scored else None
+
+
+def canonical_metric(metric: str) -> str:
+    """The row field ``--metric`` names: a field of :data:`CHOOSABLE` or of a registered
+    metric as it is, a registered metric's name as its ``pers_<key>_mean``; anything else is
+    one sentence listing what it takes."""
+    from pflkit.eval.metrics import METRICS as REGISTERED
+    from pflkit.eval.metrics import field_metric
+
+    if metric in CHOOSABLE or field_metric(metric) is not None:
+        return metric
+    if metric in REGISTERED:
+        return f"pers_{REGISTERED[metric]().key}_mean"
+    raise PflkitError(
+        f"unknown metric {metric!r}: use a metric name ({', '.join(sorted(REGISTERED))}), one "
+        f"of {', '.join(CHOOSABLE)}, or a chosen metric's field (pers_<key>_mean, "
+        "pers_<key>_weighted, pers_<key>_worst10, global_<key>, e.g. pers_loss_mean)"
+    )
+
+
+def compare_options(metric: str) -> dict[str, str]:
+    """The report options of ``pflkit compare --metric`` (checked: :func:`canonical_metric`)."""
+    return {"metric": canonical_metric(metric)}
+
+
+def metric_title(metric: str) -> str:
+    """The column title of the row field ``metric`` (:func:`canonical_metric`)."""
+    if metric in CHOOSABLE:
+        return CHOOSABLE[metric]
+    from pflkit.eval.metrics import field_metric, row_keys
+
+    m = field_metric(metric)
+    assert m is not None, metric
+    unit = " (%)" if m.percent else ""
+    return row_keys(m).get(metric, metric.replace("_", " ")) + unit
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of the row field ``metric`` is the better one (loss, ECE)."""
+    from pflkit.eval.metrics import field_metric
+
+    m = field_metric(metric)
+    return m is not None and not m.higher_is_better
+
+
+def percent(metric: str) -> bool:
+    """Whether the row field ``metric`` is a share that tables show x 100."""
+    from pflkit.eval.metrics import field_metric
+
+    m = field_metric(metric)
+    return m is None or m.percent
 
 
 def _mean(v: dict[int, float]) -> float:
     return float(np.mean(list(v.values()))) if v else math.nan
 
 
-def _fmt(v: dict[int, float]) -> str:
+def _fmt(v: dict[int, float], scale: float = 100) -> str:
     if not v:
         return "–"
-    a = 100 * np.array(list(v.values()))
+    a = scale * np.array(list(v.values()))
     return f"{a.mean():.2f} ± {a.std():.2f}"
+
+
+def _scale(metric: str) -> float:
+    return 100 if percent(metric) else 1
 
 
 def _cost(s: Setting) -> tuple[float, float]:
@@ -532,8 +590,8 @@ def build_report(
     """The tables of ``settings``: every setting (mean ± std over seeds, p-value against the
     best on ``metric``, cost; at ``best_test`` also the std and CV over clients), and with
     ``select`` the chosen setting of each algorithm."""
-    if metric not in CHOOSABLE:
-        raise PflkitError(f"unknown metric {metric!r}: use one of {', '.join(CHOOSABLE)}")
+    metric = canonical_metric(metric)
+    lower = lower_is_better(metric)
     if at not in AT:
         raise PflkitError(f"unknown --at {at!r}: use one of {', '.join(AT)}")
     if select not in ("val", "test", "none"):
@@ -544,10 +602,10 @@ def build_report(
             "selecting on validation needs runs with a validation split: run them with "
             "data.val_fraction > 0 (e.g. 0.1), or select on test (labelled as such)"
         )
-    shown = METRICS | {metric: CHOOSABLE[metric]} | (FAIRNESS if at == "best_test" else {})
+    shown = METRICS | {metric: metric_title(metric)} | (FAIRNESS if at == "best_test" else {})
     sampled = _sampled(settings, metric, at)
     main = {s.label: values(s, metric, at) for s in settings}
-    best = choose({k: _mean(v) for k, v in main.items()})
+    best = choose({k: _mean(v) for k, v in main.items()}, lower)
     numbers: dict[str, Any] = {}
     rows = []
     private = any("privacy" in r.summary for s in settings for r in s.runs)
@@ -563,7 +621,7 @@ def build_report(
             "bytes_per_client_round": kb,
             "seconds_per_round": sec,
         }
-        cells = [s.label] + [_fmt(v) for v in cols.values()]
+        cells = [s.label] + [_fmt(v, _scale(k)) for k, v in cols.items()]
         if sampled:
             se = values(s, f"{metric}_se", at)
             numbers[s.label][f"{metric}_se"] = list(se.values())
@@ -572,7 +630,7 @@ def build_report(
         if has_val:
             v = values(s, metric, at, val=True)
             numbers[s.label]["val_" + metric] = list(v.values())
-            cells.append(_fmt(v))
+            cells.append(_fmt(v, _scale(metric)))
         if private:  # the client-level budget spent (privacy.client_dp): equal over seeds
             spent = {(r.summary.get("privacy") or {}).get("epsilon") for r in s.runs}
             numbers[s.label]["dp_epsilon"] = sorted(spent, key=str)
@@ -582,10 +640,10 @@ def build_report(
         rows.append(cells + [f"{kb / 1024:.1f}", f"{sec:.2f}"])
     columns = ["setting", *shown.values()]
     if sampled:
-        columns.append(f"sampling SE: {CHOOSABLE[metric]}")
+        columns.append(f"sampling SE: {metric_title(metric)}")
     columns.append("p vs best")
     if has_val:
-        columns.append(f"validation: {CHOOSABLE[metric]}")
+        columns.append(f"validation: {metric_title(metric)}")
     if private:
         columns.append("client-level ε")
     columns += ["KB / client / round", "s / round"]
@@ -620,7 +678,7 @@ def _sampling_note(settings: list[Setting], metric: str) -> str:
     )
     return (
         f"\nSampled evaluation (eval.clients: {', '.join(sizes)} clients per evaluation round, "
-        f"the same sample for every setting): {CHOOSABLE[metric]} is an estimate; the "
+        f"the same sample for every setting): {metric_title(metric)} is an estimate; the "
         "'sampling SE' column is its standard error within a run (finite-population "
         "corrected; the pooled accuracies' by the ratio estimator), mean over seeds, beside "
         "the ± over seeds of the other columns (docs/guide.md, Evaluation).\n"
@@ -632,7 +690,7 @@ def _selection(
 ) -> Table:
     """One row per algorithm: its setting chosen on validation (or, with select test, on
     test, labelled) with its test number, and the best-on-test setting next to it."""
-    name = CHOOSABLE[metric]
+    name, lower, scale = metric_title(metric), lower_is_better(metric), _scale(metric)
     columns = ["algorithm"]
     if select == "val":
         columns += ["chosen on validation", f"its test {name}"]
@@ -642,14 +700,14 @@ def _selection(
         mine = [s for s in settings if s.algorithm == algo]
         picks = []
         if select == "val":
-            chosen = choose({s.label: _mean(values(s, metric, at, val=True)) for s in mine})
+            chosen = choose({s.label: _mean(values(s, metric, at, val=True)) for s in mine}, lower)
             if chosen is not None:
                 numbers[chosen]["chosen_on_validation"] = True
             picks.append(chosen)
-        picks.append(choose({s.label: _mean(values(s, metric, at)) for s in mine}))
+        picks.append(choose({s.label: _mean(values(s, metric, at)) for s in mine}, lower))
         cells = [algo]
         for label in picks:
-            shown = "–" if label is None else _fmt(values(_get(mine, label), metric, at))
+            shown = "–" if label is None else _fmt(values(_get(mine, label), metric, at), scale)
             cells += [label or "–", shown]
         rows.append(cells)
     how = "validation (val_ metrics)" if select == "val" else "test accuracy: optimistic"
@@ -682,7 +740,7 @@ def _head(settings: list[Setting], at: At, metric: str) -> str:
         f"# {c.get('name', 'experiment')}\n\n{_setting(settings)}, batch "
         f"{t.get('batch_size')}, lr {t.get('lr')} (unless a setting's label says otherwise); "
         f"seeds {seeds}. {_AT_TEXT[at]}, mean ± std over seeds; p: two-sided paired t-test "
-        f"over seeds against the best setting on {CHOOSABLE[metric]}.\n"
+        f"over seeds against the best setting on {metric_title(metric)}.\n"
     )
 
 

@@ -113,7 +113,16 @@ def best_test(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not scored:
         return None
     best = max(scored, key=lambda r: r["pers_acc_weighted"])  # the first of the best
-    return {"round": best["round"]} | {k: best[k] for k in REPORTED_KEYS if k in best}
+    return {"round": best["round"]} | {k: best[k] for k in reported(best)}
+
+
+def reported(row: dict[str, Any]) -> list[str]:
+    """The fields of ``row`` a summary reports: :data:`REPORTED_KEYS` and those of the metrics
+    that ``eval.metrics`` added (:func:`pflkit.eval.metrics.fields_in`, their per-client lists
+    aside)."""
+    from pflkit.eval.metrics import fields_in
+
+    return [k for k in REPORTED_KEYS if k in row] + list(fields_in(row))
 
 
 def summarize(rows: list[dict[str, Any]], last: int = 0) -> dict[str, Any]:
@@ -122,12 +131,16 @@ def summarize(rows: list[dict[str, Any]], last: int = 0) -> dict[str, Any]:
     last ``last`` rounds; ``val_round`` (runs with a validation split), for each test metric
     with a validation twin, the evaluated round with the highest validation value (the first on
     ties) and the test value there; ``best_on_test`` picks the best round *on the test data*
-    and is labelled as such, as does ``best_test`` (:func:`best_test`)."""
+    and is labelled as such, as does ``best_test`` (:func:`best_test`). The metrics of
+    ``eval.metrics`` beyond accuracy are reported the same way (lower is better for loss,
+    perplexity and ECE: ``val_round`` takes their lowest validation value)."""
+    from pflkit.eval.metrics import fields_in
+
     evaluated = [r for r in rows if "pers_acc_mean" in r]
     out: dict[str, Any] = {"rounds": rows[-1]["round"] if rows else 0}
     if evaluated:
         last_row = evaluated[-1]
-        keys = [k for k in REPORTED_KEYS if k in last_row]
+        keys = reported(last_row)
         out["final"] = {"round": last_row["round"]} | {k: last_row[k] for k in keys}
         if last:
             window = [r for r in evaluated if r["round"] > out["rounds"] - last]
@@ -135,10 +148,14 @@ def summarize(rows: list[dict[str, Any]], last: int = 0) -> dict[str, Any]:
                 k: _window_mean(window, k) for k in keys
             }
         val_round = {}
-        for k in ACC_KEYS:
+        chosen_metrics = fields_in(last_row)
+        lower = {k for k, m in chosen_metrics.items() if not m.higher_is_better}
+        for k in (*ACC_KEYS, *chosen_metrics):
             scored = [r for r in evaluated if f"val_{k}" in r and k in r]
             if scored:
-                chosen = max(scored, key=lambda r, k=k: r[f"val_{k}"])  # the first of the best
+                sign = -1 if k in lower else 1  # the lowest loss, the highest accuracy
+                # the first of the best
+                chosen = max(scored, key=lambda r, k=k: sign * r[f"val_{k}"])
                 val_round[k] = {
                     "round": chosen["round"],
                     "value": chosen[k],

@@ -58,6 +58,7 @@ from pflkit.data.base import Source, SourceInfo
 from pflkit.data.sources import (
     bundled,
     cifar,
+    corpus,
     domainnet,
     har,
     hf,
@@ -178,6 +179,7 @@ SOURCES: Registry[SourceInfo] = Registry(
         *bundled.ENTRIES,
         *synthetic.ENTRIES,
         *text.ENTRIES,
+        *corpus.ENTRIES,
         *tiny_imagenet.ENTRIES,
         *domainnet.ENTRIES,
         *har.ENTRIES,
