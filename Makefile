@@ -46,7 +46,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
-# the type check of the engine and the algorithms (not yet part of `make test` nor .ci/run)
+# the type check of the engine and the algorithms (.ci/run runs it after the tests)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict src/pflkit/engine src/pflkit/algorithms
 

@@ -65,11 +65,12 @@ class ClientData:
     """
 
     # Fields only so that dataclasses.replace(client, train_x=..., train_y=...) works: it reads
-    # the other splits through the properties set below and builds a client from tensors.
-    train_x: Tensor | None = None
-    train_y: Tensor | None = None
-    test_x: Tensor | None = None
-    test_y: Tensor | None = None
+    # the other splits through the properties set below and builds a client from tensors. The
+    # train and test splits always exist (the constructor requires them): typed as tensors.
+    train_x: Tensor = None  # type: ignore[assignment]
+    train_y: Tensor = None  # type: ignore[assignment]
+    test_x: Tensor = None  # type: ignore[assignment]
+    test_y: Tensor = None  # type: ignore[assignment]
     val_x: Tensor | None = None
     val_y: Tensor | None = None
 

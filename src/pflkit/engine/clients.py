@@ -118,7 +118,8 @@ def system_draw(system: SystemConfig, seed: int, rnd: int, cid: int) -> tuple[bo
 def init_client(algo: Algorithm, env: ClientEnv, seed: int) -> State:
     """A client's first state (``client_init``, seeded by (seed, client))."""
     seed_torch(seed, 0, 0xC1, env.cid)
-    return algo.client_init(env)
+    state: State = algo.client_init(env)
+    return state
 
 
 def round_context(run: RunFacts, rnd: int, phase: str, straggler: bool = False) -> RoundContext:
@@ -211,10 +212,11 @@ def evaluate_client(
     model = scored_model(algo, env, view, state, ctx, upload, finetune_epochs, adapt)
     d, how, chosen = env.data, get_task(task), resolve_metrics(metrics, task)
     splits = {"test": (d.test_x, d.test_y)}
-    if d.val_y is not None:
-        splits["val"] = (d.val_x, d.val_y)
+    val_x, val_y = d.val_x, d.val_y
+    if val_x is not None and val_y is not None:
+        splits["val"] = (val_x, val_y)
     out: dict[str, Any] = {}
-    stats = {}
+    stats: dict[str, Any] = {}
     for split, (x, y) in splits.items():
         out[split], stats[split] = score_split(
             model, x, y, batch_size, how, env.num_classes, chosen
@@ -303,7 +305,8 @@ class TrainJob:
     phase_index: int  # the phase's position in the round (torch is seeded from it)
 
     def run(self, algo: Algorithm, env: ClientEnv) -> Update | None:
-        return train_client(algo, env, self.payload, self.state, self.ctx, self.phase_index)
+        state = held_state(self)
+        return train_client(algo, env, self.payload, state, self.ctx, self.phase_index)
 
 
 @dataclass(frozen=True)
@@ -329,7 +332,7 @@ class EvalJob:
             algo,
             env,
             self.view,
-            self.state,
+            held_state(self),
             self.ctx,
             self.batch_size,
             self.upload,
@@ -341,6 +344,14 @@ class EvalJob:
 
 
 Job = TrainJob | EvalJob
+
+
+def held_state(job: Job) -> State:
+    """The client state ``job`` carries: every runner but Flower's, whose nodes run the job
+    functions with the state they keep (there a job without one is a bug)."""
+    if job.state is None:
+        raise RuntimeError(f"client {job.cid}'s job carries no state: its node keeps it")
+    return job.state
 
 
 # -- runners --------------------------------------------------------------------------------------------
@@ -371,8 +382,8 @@ class ClientRunner:
         job order, as ``job.run(algo, envs[job.cid])`` computes it: for a :class:`TrainJob`
         the :class:`~pflkit.algorithms.Update` (its state None where ``keeps_state`` is False)
         or None (the client diverged: ``train.on_nan: skip_client``), for an :class:`EvalJob`
-        the client's accuracy per split (and its metrics' statistics, :func:`evaluate_client`). A client missing from the result failed (Flower
-        only). ``meanwhile`` is server work (scoring the global model) that runs while the
+        the client's accuracy per split (and its metrics' statistics, :func:`evaluate_client`).
+        A client missing from the result failed (Flower only). ``meanwhile`` is server work (scoring the global model) that runs while the
         clients work, where they run elsewhere."""
         raise NotImplementedError
 
@@ -391,7 +402,13 @@ class InProcess(ClientRunner):
     def __init__(self, vectorize: bool = False):
         self.vectorize = vectorize
 
-    def run(self, algo, envs, jobs, meanwhile=None):
+    def run(
+        self,
+        algo: Algorithm,
+        envs: Sequence[ClientEnv],
+        jobs: Sequence[Job],
+        meanwhile: Callable[[], None] | None = None,
+    ) -> dict[int, Any]:
         if meanwhile is not None:
             meanwhile()
         if self.vectorize:
@@ -415,7 +432,7 @@ def run_jobs(algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job]) ->
             return None
         if job.metrics or job.task != "classification":  # batched_accuracy: accuracy only
             return None
-        model = scored_model(algo, envs[job.cid], job.view, job.state, job.ctx, job.upload)
+        model = scored_model(algo, envs[job.cid], job.view, held_state(job), job.ctx, job.upload)
         return get_weights(model) if type(model) is type(envs[job.cid].model()) else None
 
     return vectorized.evaluate_cohort(algo, envs, jobs, weights, lambda j: j.run(algo, envs[j.cid]))
@@ -553,7 +570,8 @@ def _worker_share(blob: bytes) -> bytes:
 def shares(jobs: Sequence[Job], sizes: Sequence[int], parts: int) -> list[list[Job]]:
     """``jobs`` in at most ``parts`` shares of about equal work: largest client (``sizes``)
     first, each to the share with the least so far; every share in job order."""
-    load, out = [0] * parts, [[] for _ in range(parts)]
+    load = [0] * parts
+    out: list[list[Job]] = [[] for _ in range(parts)]
     for job in sorted(jobs, key=lambda j: -sizes[j.cid]):
         k = load.index(min(load))
         load[k] += sizes[job.cid]
@@ -607,7 +625,13 @@ class ProcessPool(ClientRunner):
                 )
         return self.executor
 
-    def run(self, algo, envs, jobs, meanwhile=None):
+    def run(
+        self,
+        algo: Algorithm,
+        envs: Sequence[ClientEnv],
+        jobs: Sequence[Job],
+        meanwhile: Callable[[], None] | None = None,
+    ) -> dict[int, Any]:
         """``jobs`` in the workers, largest clients first, and ``meanwhile`` here while they
         run (``algo`` is the workers' own copy; ``envs`` give the clients' sizes)."""
         pool = self._pool()
@@ -618,7 +642,7 @@ class ProcessPool(ClientRunner):
         parts = shares(jobs, [e.num_train for e in envs], self.workers) if self.vectorize else []
         try:
             with child_signals_blocked():  # a submit may start a worker
-                futures: dict[int, Future] = {
+                futures: dict[int, Future[bytes]] = {
                     part[0].cid: pool.submit(
                         _worker_share, pickle.dumps(part, pickle.HIGHEST_PROTOCOL)
                     )

@@ -114,6 +114,8 @@ class ClientActor:
 
     def run(self, blob: bytes) -> bytes:
         """One pickled job; the pickled reply (:func:`~pflkit.engine.clients.run_job`)."""
+        if self.algo is None:
+            raise RuntimeError("the actor runs jobs only after start()")
         return run_job(self.algo, self.envs, blob)
 
 

@@ -42,6 +42,7 @@ import torch
 
 from pflkit.algorithms.base import State, Upload, nbytes
 from pflkit.algorithms.context import ServerContext
+from pflkit.algorithms.env import given
 from pflkit.config import ExperimentConfig
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.devices import resolve_device
@@ -108,7 +109,8 @@ def runner_for(cfg: ExperimentConfig, **options: Any) -> ClientRunner:
     """The runner ``engine.runner`` names (:data:`~pflkit.engine.runners.RUNNERS`: ``pool``,
     the default, ``in-process``, ``ray``, ``flower`` and any a plug-in registers), built by
     its factory from ``cfg`` and ``options``; an unknown name is one sentence."""
-    return lookup_runner(cfg.engine.runner).factory(cfg, **options)
+    runner: ClientRunner = lookup_runner(cfg.engine.runner).factory(cfg, **options)
+    return runner
 
 
 EVAL_CHUNK = 1024  # evaluation jobs handed to the runner at once, at most
@@ -155,8 +157,11 @@ class Simulation:
         self.val_xy: tuple[torch.Tensor, torch.Tensor] | None = None
         if self.data.has_val:
             clients = self.data.clients
-            val_x = torch.cat([c.val_x for c in clients])
-            self.val_xy = (val_x, torch.cat([c.val_y for c in clients]))
+            val_x = torch.cat([given(c.val_x, "a validation split") for c in clients])
+            self.val_xy = (
+                val_x,
+                torch.cat([given(c.val_y, "a validation split") for c in clients]),
+            )
         # the metrics of eval.metrics beyond accuracy, checked against the data's task
         self.metrics = resolve_metrics(extra(cfg.eval.metrics), self.data.task)
         self.task = get_task(self.data.task)
@@ -252,7 +257,7 @@ class Simulation:
         states that changed since the last checkpoint are written to the state folder, and
         the checkpoint records the index of the versions it stands for
         (:meth:`~pflkit.engine.states.ClientStates.commit`)."""
-        if not self.states_here:  # client state lives elsewhere (Flower nodes)
+        if not isinstance(self.clients, ClientStates):  # it lives elsewhere (Flower nodes)
             return
         index = self.clients.commit()
         state = {"round": self.round, "server": self.server, "client_states": index}
@@ -419,6 +424,7 @@ class Simulation:
         row: dict[str, Any] = {}
         sctx = ServerContext(rnd, EVALUATE, cfg.seed)
         gw = algo.eval_view(senv, self.server, None, sctx).get("weights")
+        how = (cfg.eval.batch_size, self.task, data.num_classes)  # how a split is scored
 
         def score_global() -> None:
             if cfg.eval.global_model and gw is not None:
@@ -435,7 +441,6 @@ class Simulation:
                         row.update({k: v for k, v in got.items() if k not in row})
 
         n, ctx, e = data.num_clients, round_context(senv.run, rnd, EVALUATE), cfg.eval
-        how = (e.batch_size, self.task, data.num_classes)  # how a split is scored
         names = tuple(m.name for m in self.metrics)
         holdout = held_out(cfg)
         population = training_clients(n, holdout)

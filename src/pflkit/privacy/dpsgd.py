@@ -319,9 +319,9 @@ def client_delta(dp: SampleDPConfig, num_train: int) -> float:
     return dp.target_delta if dp.target_delta is not None else 1.0 / max(num_train, 1)
 
 
-def without_history(state: State | None) -> State | None:
+def without_history(state: State) -> State:
     """The algorithm's part of a client state (the reserved :data:`HISTORY` entry left out)."""
-    if state is None or HISTORY not in state:
+    if HISTORY not in state:
         return state
     return {k: v for k, v in state.items() if k != HISTORY}
 
