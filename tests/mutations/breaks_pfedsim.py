@@ -358,8 +358,8 @@ BREAKS = [
         "fedgen",
         "label counts of the test split",
         "algorithms/fedgen.py",
-        'y = given(env.data.train_y, "train_y")',
-        'y = given(env.data.test_y, "test_y")',
+        "y = env.data.train_y",
+        "y = env.data.test_y",
         FEDGEN,
     ),
     Break(

@@ -43,9 +43,10 @@ from pflkit.primitives.training import (
 
 def given(t: Tensor | None, what: str) -> Tensor:
     """``t``, narrowed from ``Tensor | None`` for the type checker where the engine guarantees
-    it is there: a client's train and test splits always are (``ClientData`` requires them),
-    the public set is once the algorithm's ``check`` refused a run without one. None is a bug
-    of the caller, raised as a RuntimeError naming ``what``."""
+    it is there: the public set, once the algorithm's ``check`` refused a run without one, and
+    a client's validation split where it has one (a client's train and test splits are typed as
+    tensors: ``ClientData`` requires them). None is a bug of the caller, raised as a
+    RuntimeError naming ``what``."""
     if t is None:
         raise RuntimeError(f"{what} is missing: the engine guarantees it here")
     return t
@@ -181,7 +182,7 @@ class ClientEnv:
                 per_epoch = steps_per_epoch(self.num_train, kwargs["batch_size"], ctx.drop_last)
                 steps = kwargs["epochs"] * per_epoch
             kwargs["steps"] = ctx.work_steps(steps)
-        x, y = given(self.data.train_x, "train_x"), given(self.data.train_y, "train_y")
+        x, y = self.data.train_x, self.data.train_y
         if self.run.sample_dp is not None:
             from pflkit.privacy.dpsgd import dp_sgd  # imports Opacus: only when asked for
 

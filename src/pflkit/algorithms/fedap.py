@@ -55,7 +55,7 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv, given
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedbn import FedBN, FedBNState
 from pflkit.algorithms.pfedsim import warmup_rounds
 from pflkit.algorithms.records import WeightsUpload
@@ -202,7 +202,7 @@ class FedAP(FedBN):
         if payload.get("need_stats"):
             stats_model = env.model("fedap_stats")
             stats_model.load_state_dict(start)
-            extra["stats"] = feature_stats(stats_model, given(env.data.train_x, "train_x"))
+            extra["stats"] = feature_stats(stats_model, env.data.train_x)
         warm = ctx.round <= self.t_g(env) and self.params.warmup_epochs is not None
         epochs: dict[str, Any] = {"epochs": self.params.warmup_epochs} if warm else {}
         weights, loss = train_from(env, start, ctx, **epochs)

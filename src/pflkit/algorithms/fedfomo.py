@@ -68,7 +68,7 @@ from pflkit.algorithms.base import (
     register,
     train_from,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv, given
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.data.federated import ClientData
 from pflkit.primitives.training import Weights, predict, set_weights
 
@@ -146,7 +146,7 @@ def val_split(env: ClientEnv, fraction: float) -> tuple[ClientData, torch.Tensor
     """(the client's data without its validation part, val x, val y): a fixed split drawn from
     (run seed, client), the same in every engine and round."""
     d = env.data
-    x, y = given(d.train_x, "train_x"), given(d.train_y, "train_y")
+    x, y = d.train_x, d.train_y
     n = len(y)
     n_val = int(round(fraction * n)) if n >= 2 else 0
     g = torch.Generator().manual_seed(
@@ -154,7 +154,7 @@ def val_split(env: ClientEnv, fraction: float) -> tuple[ClientData, torch.Tensor
     )
     perm = torch.randperm(n, generator=g, device="cpu").to(env.device)
     val, tr = perm[:n_val], perm[n_val:]
-    test_x, test_y = given(d.test_x, "test_x"), given(d.test_y, "test_y")
+    test_x, test_y = d.test_x, d.test_y
     train = ClientData(x[tr], y[tr], test_x, test_y)
     return train, x[val], y[val]
 

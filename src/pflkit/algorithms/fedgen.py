@@ -77,7 +77,7 @@ from pflkit.algorithms.base import (
     train_from,
     weighted_average,
 )
-from pflkit.algorithms.env import ClientEnv, ServerEnv, given
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.records import Empty, WeightsUpload
 from pflkit.models import PFLModel
 from pflkit.primitives.training import LossFn, Weights, cross_entropy, get_weights, unprefixed
@@ -248,7 +248,7 @@ class FedGen(Algorithm):
     ) -> Update:
         loss_fn = self.local_loss(env, payload, ctx.round) if "gen" in payload else cross_entropy
         weights, loss = train_from(env, payload["weights"], ctx, loss_fn=loss_fn)
-        y = given(env.data.train_y, "train_y")
+        y = env.data.train_y
         counts = torch.bincount(y, minlength=env.num_classes).double()
         upload = {"weights": weights, "num_samples": env.num_train, "label_counts": counts}
         return Update(upload, state, {"train_loss": loss})

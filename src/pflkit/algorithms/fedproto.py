@@ -87,7 +87,7 @@ from pflkit.algorithms.base import (
     register,
 )
 from pflkit.algorithms.blocks.split import common_init
-from pflkit.algorithms.env import ClientEnv, ServerEnv, given
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.records import Empty
 from pflkit.errors import PflkitError
 from pflkit.models import PFLModel
@@ -391,10 +391,10 @@ class FedProto(Algorithm):
         """(classes, prototypes, |D_ij|) to upload (Eq. 6 post hoc, or the running means)."""
         data = env.data
         if running is None:
-            x, y = given(data.train_x, "train_x"), given(data.train_y, "train_y")
+            x, y = data.train_x, data.train_y
             return class_prototypes(eval_features(model, x), y, env.num_classes)
         classes, protos = running.prototypes()
-        y = given(data.train_y, "train_y")
+        y = data.train_y
         counts = torch.bincount(y, minlength=env.num_classes)[classes]
         return classes, protos, counts
 

@@ -44,7 +44,7 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.blocks.rs import class_counts
 from pflkit.algorithms.blocks.split import common_init, require_homogeneous
-from pflkit.algorithms.env import ClientEnv, ServerEnv, given
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.records import WeightsPayload, WeightsServer, WeightsUpload
 from pflkit.models import PFLModel
@@ -145,7 +145,7 @@ class FedRoD(FedAvg):
         set_weights(model, payload["weights"])
         phead = self._phead(env, state["phead"])
         phead.train()
-        counts = class_counts(given(env.data.train_y, "train_y"), env.num_classes)
+        counts = class_counts(env.data.train_y, env.num_classes)
         loss = env.train(
             model,
             ctx,

@@ -72,7 +72,7 @@ from pflkit.algorithms.base import (
     register,
 )
 from pflkit.algorithms.blocks.split import common_seed, require_homogeneous
-from pflkit.algorithms.env import ClientEnv, ServerEnv, given
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.algorithms.fedavg import FedAvg
 from pflkit.algorithms.records import WeightsPayload
 from pflkit.models import PFLModel
@@ -180,7 +180,7 @@ class FLDA(FedAvg):
 
     def _init_gate(self, env: ClientEnv) -> dict[str, Tensor]:
         if self.params.variant == "paper":
-            d = given(env.data.train_x, "train_x")[0].numel()
+            d = env.data.train_x[0].numel()
         else:
             d = env.model().feature_dim
         bound = 1 / math.sqrt(d)

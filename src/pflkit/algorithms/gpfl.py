@@ -76,7 +76,7 @@ from pflkit.algorithms.base import (
 )
 from pflkit.algorithms.blocks.rs import class_counts
 from pflkit.algorithms.blocks.split import common_init, common_seed, require_homogeneous
-from pflkit.algorithms.env import ClientEnv, ServerEnv, given
+from pflkit.algorithms.env import ClientEnv, ServerEnv
 from pflkit.models import PFLModel
 from pflkit.primitives.training import GradHook, Weights, get_weights, group, set_weights
 
@@ -288,7 +288,7 @@ class GPFL(Algorithm):
         return {"shared": shared}
 
     def client_init(self, env: ClientEnv) -> GPFLState:
-        counts = class_counts(given(env.data.train_y, "train_y"), env.num_classes)
+        counts = class_counts(env.data.train_y, env.num_classes)
         return {
             "head": group(env.model(), common_init(env), "head"),
             "alpha": counts / counts.sum(),

@@ -45,7 +45,7 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import RoundContext, param
-from pflkit.algorithms.env import ClientEnv, given
+from pflkit.algorithms.env import ClientEnv
 from pflkit.models import PFLModel
 from pflkit.primitives.training import LossFn, Weights, get_weights, set_weights
 
@@ -183,6 +183,6 @@ def personalize(
     if p.hpm_bn_recompute:
         scratch = env.model(slot="hpm_teacher")
         set_weights(scratch, new_hpm)
-        recompute_bn(scratch, given(env.data.train_x, "train_x"), env.run.train.batch_size)
+        recompute_bn(scratch, env.data.train_x, env.run.train.batch_size)
         new_hpm = get_weights(scratch)
     return {"hpm": new_hpm, "selected": state.get("selected", 0) + 1}, loss

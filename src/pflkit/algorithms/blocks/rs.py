@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from pflkit.algorithms.base import param
-from pflkit.algorithms.env import ClientEnv, given
+from pflkit.algorithms.env import ClientEnv
 from pflkit.primitives.training import LossFn
 
 RSMode = Literal["hard", "soft", "complete"]
@@ -85,4 +85,4 @@ class RestrictedSoftmax:
     params: RSParams
 
     def local_objective(self, env: ClientEnv, payload: Any) -> LossFn:
-        return client_rs_loss(given(env.data.train_y, "train_y"), env.num_classes, self.params)
+        return client_rs_loss(env.data.train_y, env.num_classes, self.params)
