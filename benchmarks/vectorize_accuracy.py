@@ -16,7 +16,8 @@ subset and ``--clients`` overrides the client count: reduced runs for a small ma
     python benchmarks/vectorize_accuracy.py --rounds 5 --algorithms fedavg,ditto \\
         --configs fmnist_practical_xc --subset 3000                     # a reduced one
 
-Writes nothing but its table (stdout), one markdown row per (config, algorithm).
+Writes nothing but its table (stdout), one markdown row per (config, algorithm), and a
+progress line per run (stderr).
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ def final_accuracy(raw: dict, vectorize: bool) -> tuple[float, float, int]:
     return row[METRIC], time.perf_counter() - t0, pooled_test
 
 
+def within_noise(per_client: list[float], vectorised: list[float], pooled_test: int) -> bool:
+    """The difference of the means is at most twice its standard error, or at most one test
+    sample of the pooled split."""
+    n = len(per_client)
+    diff = statistics.mean(vectorised) - statistics.mean(per_client)
+    sd_a = statistics.stdev(per_client) if n > 1 else 0.0
+    sd_b = statistics.stdev(vectorised) if n > 1 else 0.0
+    se = (sd_a**2 / n + sd_b**2 / n) ** 0.5
+    return abs(diff) <= max(2 * se, 1 / pooled_test)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default=",".join(CONFIGS), help="cross-check config names")
@@ -63,16 +75,32 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     algorithms = [a for a in args.algorithms.split(",") if a]
     if bad := [a for a in algorithms if a not in covered()]:
-        print(f"error: {bad[0]} is not covered by engine.vectorize: choose from {covered()}")
+        print(
+            f"error: {bad[0]} is not covered by engine.vectorize: choose from {covered()}",
+            file=sys.stderr,
+        )
         return 2
-    seeds = [int(s) for s in args.seeds.split(",")]
+    configs = [c for c in args.configs.split(",") if c]
+    if bad := [c for c in configs if not (HERE / f"{c}.yaml").is_file()]:
+        print(
+            f"error: {bad[0]} is not a cross-check config: choose from {CONFIGS}", file=sys.stderr
+        )
+        return 2
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        print(
+            f"error: --seeds {args.seeds!r} is not a comma-separated list of integers: e.g. 0,1,2",
+            file=sys.stderr,
+        )
+        return 2
     torch.set_num_threads(1)
     print(
         f"| config | algorithm | per-client ({METRIC}, seeds {args.seeds}) | vectorised | "
         "mean diff | seed sd | within noise | seconds per-client / vectorised |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for name in args.configs.split(","):
+    for name in configs:
         base = yaml.safe_load((HERE / f"{name}.yaml").read_text())
         base["train"] = {**base["train"], "rounds": args.rounds}
         base["output"] = {"progress": False}
@@ -91,12 +119,13 @@ def main(argv: list[str] | None = None) -> int:
                     a, s, pooled = final_accuracy(raw, vec)
                     acc[vec].append(a)
                     secs[vec] += s
-            n = len(seeds)
+                    path = "vectorised" if vec else "per-client"
+                    print(
+                        f"{name} {algo} seed {seed} {path}: {a:.4f} in {s:.0f} s", file=sys.stderr
+                    )
             diff = statistics.mean(acc[True]) - statistics.mean(acc[False])
-            sd = statistics.stdev(acc[False]) if n > 1 else 0.0
-            sd_v = statistics.stdev(acc[True]) if n > 1 else 0.0
-            se = (sd**2 / n + sd_v**2 / n) ** 0.5
-            ok = abs(diff) <= max(2 * se, 1 / pooled)
+            sd = statistics.stdev(acc[False]) if len(seeds) > 1 else 0.0
+            ok = within_noise(acc[False], acc[True], pooled)
             fmt = ", ".join
             print(
                 f"| {name} | {algo} | {fmt(f'{a:.4f}' for a in acc[False])} | "
