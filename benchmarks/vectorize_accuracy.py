@@ -63,6 +63,12 @@ def within_noise(per_client: list[float], vectorised: list[float], pooled_test: 
     return abs(diff) <= max(2 * se, 1 / pooled_test)
 
 
+def fail(sentence: str) -> int:
+    """A bad input: its one sentence on stderr, exit status 2."""
+    print(f"error: {sentence}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default=",".join(CONFIGS), help="cross-check config names")
@@ -75,25 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     algorithms = [a for a in args.algorithms.split(",") if a]
     if bad := [a for a in algorithms if a not in covered()]:
-        print(
-            f"error: {bad[0]} is not covered by engine.vectorize: choose from {covered()}",
-            file=sys.stderr,
-        )
-        return 2
+        return fail(f"{bad[0]} is not covered by engine.vectorize: choose from {covered()}")
     configs = [c for c in args.configs.split(",") if c]
     if bad := [c for c in configs if not (HERE / f"{c}.yaml").is_file()]:
-        print(
-            f"error: {bad[0]} is not a cross-check config: choose from {CONFIGS}", file=sys.stderr
-        )
-        return 2
+        return fail(f"{bad[0]} is not a cross-check config: choose from {CONFIGS}")
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
-        print(
-            f"error: --seeds {args.seeds!r} is not a comma-separated list of integers: e.g. 0,1,2",
-            file=sys.stderr,
-        )
-        return 2
+        return fail(f"--seeds {args.seeds!r} is not a comma-separated list of integers: e.g. 0,1,2")
     torch.set_num_threads(1)
     print(
         f"| config | algorithm | per-client ({METRIC}, seeds {args.seeds}) | vectorised | "
