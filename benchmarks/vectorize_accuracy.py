@@ -11,10 +11,13 @@ per-client path. "within noise" when the difference of the means is at most twic
 standard error of that difference (sqrt(sd_a^2 / n + sd_b^2 / n)) or at most one test sample
 of the pooled split (where the seeds agree exactly). ``--subset`` trains on a Fashion-MNIST
 subset and ``--clients`` overrides the client count: reduced runs for a small machine.
+``--jobs N`` runs N of the (seed, path) runs at a time, each in its own process with one
+thread (the accuracies do not change; the seconds are each run's own, taken while N run).
 
     python benchmarks/vectorize_accuracy.py                             # the full comparison
     python benchmarks/vectorize_accuracy.py --rounds 5 --algorithms fedavg,ditto \\
         --configs fmnist_practical_xc --subset 3000                     # a reduced one
+    python benchmarks/vectorize_accuracy.py --jobs 2                    # two runs at a time
 
 Writes nothing but its table (stdout), one markdown row per (config, algorithm), and a
 progress line per run (stderr).
@@ -26,6 +29,9 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import torch
@@ -63,6 +69,19 @@ def within_noise(per_client: list[float], vectorised: list[float], pooled_test: 
     return abs(diff) <= max(2 * se, 1 / pooled_test)
 
 
+def run_all(units: list[tuple[dict, bool]], jobs: int) -> Iterator[tuple[float, float, int]]:
+    """``final_accuracy`` of every (config, vectorize) unit, in order: in this process, or in
+    ``jobs`` fresh processes with one thread each."""
+    if jobs == 1:
+        yield from (final_accuracy(raw, vec) for raw, vec in units)
+        return
+    ctx = get_context("spawn")
+    with ProcessPoolExecutor(
+        jobs, mp_context=ctx, initializer=torch.set_num_threads, initargs=(1,)
+    ) as pool:
+        yield from pool.map(final_accuracy, [r for r, _ in units], [v for _, v in units])
+
+
 def fail(sentence: str) -> int:
     """A bad input: its one sentence on stderr, exit status 2."""
     print(f"error: {sentence}", file=sys.stderr)
@@ -78,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subset", type=int, help="a Fashion-MNIST subset (reduced runs)")
     ap.add_argument("--clients", type=int, help="data.num_clients (reduced runs)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at a time, one process each")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        return fail(f"--jobs {args.jobs} is not a positive number of processes: e.g. --jobs 2")
     algorithms = [a for a in args.algorithms.split(",") if a]
     if bad := [a for a in algorithms if a not in covered()]:
         return fail(f"{bad[0]} is not covered by engine.vectorize: choose from {covered()}")
@@ -95,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "mean diff | seed sd | within noise | seconds per-client / vectorised |"
     )
     print("|---|---|---|---|---|---|---|---|")
+    groups = []  # (config, algorithm, the seed-by-seed (raw, vectorize) units)
     for name in configs:
         base = yaml.safe_load((HERE / f"{name}.yaml").read_text())
         base["train"] = {**base["train"], "rounds": args.rounds}
@@ -106,28 +129,28 @@ def main(argv: list[str] | None = None) -> int:
             base["data"] = {**base["data"], "num_clients": args.clients}
         base.pop("compare", None)
         for algo in algorithms:
-            acc: dict[bool, list[float]] = {False: [], True: []}
-            secs: dict[bool, float] = {False: 0.0, True: 0.0}
-            for seed in seeds:
-                raw = {**base, "seed": seed, "algorithm": {"name": algo}}
-                for vec in (False, True):
-                    a, s, pooled = final_accuracy(raw, vec)
-                    acc[vec].append(a)
-                    secs[vec] += s
-                    path = "vectorised" if vec else "per-client"
-                    print(
-                        f"{name} {algo} seed {seed} {path}: {a:.4f} in {s:.0f} s", file=sys.stderr
-                    )
-            diff = statistics.mean(acc[True]) - statistics.mean(acc[False])
-            sd = statistics.stdev(acc[False]) if len(seeds) > 1 else 0.0
-            ok = within_noise(acc[False], acc[True], pooled)
-            fmt = ", ".join
-            print(
-                f"| {name} | {algo} | {fmt(f'{a:.4f}' for a in acc[False])} | "
-                f"{fmt(f'{a:.4f}' for a in acc[True])} | {diff:+.4f} | {sd:.4f} | "
-                f"{'yes' if ok else 'NO'} | {secs[False]:.0f} / {secs[True]:.0f} |",
-                flush=True,
-            )
+            raws = [{**base, "seed": seed, "algorithm": {"name": algo}} for seed in seeds]
+            groups.append((name, algo, [(raw, vec) for raw in raws for vec in (False, True)]))
+    results = run_all([unit for *_, units in groups for unit in units], args.jobs)
+    for name, algo, units in groups:
+        acc: dict[bool, list[float]] = {False: [], True: []}
+        secs: dict[bool, float] = {False: 0.0, True: 0.0}
+        for raw, vec in units:
+            a, s, pooled = next(results)
+            acc[vec].append(a)
+            secs[vec] += s
+            path = "vectorised" if vec else "per-client"
+            print(f"{name} {algo} seed {raw['seed']} {path}: {a:.4f} in {s:.0f} s", file=sys.stderr)
+        diff = statistics.mean(acc[True]) - statistics.mean(acc[False])
+        sd = statistics.stdev(acc[False]) if len(seeds) > 1 else 0.0
+        ok = within_noise(acc[False], acc[True], pooled)
+        fmt = ", ".join
+        print(
+            f"| {name} | {algo} | {fmt(f'{a:.4f}' for a in acc[False])} | "
+            f"{fmt(f'{a:.4f}' for a in acc[True])} | {diff:+.4f} | {sd:.4f} | "
+            f"{'yes' if ok else 'NO'} | {secs[False]:.0f} / {secs[True]:.0f} |",
+            flush=True,
+        )
     return 0
 
 
