@@ -2,6 +2,8 @@
 hand computations, the row it prints from canned accuracies, and its bad-input exits."""
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,7 @@ def test_row_from_canned_runs(va, monkeypatch, capsys):
         (["--algorithms", "fedavg,gpfl"], "gpfl is not covered by engine.vectorize"),
         (["--configs", "cifar_xc"], "cifar_xc is not a cross-check config"),
         (["--seeds", "0,one"], "--seeds '0,one' is not a comma-separated list of integers"),
+        (["--jobs", "0"], "--jobs 0 is not a positive number of processes"),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence_and_no_table(va, monkeypatch, capsys, argv, words):
@@ -71,3 +74,26 @@ def test_bad_input_exits_2_with_one_sentence_and_no_table(va, monkeypatch, capsy
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("error: ") and words in err and err.count("\n") == 1
+
+
+def test_jobs_give_the_rows_of_one_process_seed_by_seed(va, capsys):
+    """--jobs 2 (two spawned processes) against this process, on tiny real runs: the same
+    accuracies for every seed, in the same order (the seconds differ)."""
+    argv = ["--configs", "fmnist_practical_xc", "--algorithms", "fedavg", "--rounds", "1"]
+    argv += ["--subset", "300", "--clients", "2", "--seeds", "1,0"]
+    two = subprocess.run(
+        [sys.executable, str(BENCH / "vectorize_accuracy.py"), *argv, "--jobs", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert va.main(argv) == 0
+    one = capsys.readouterr().out
+
+    def accuracies(table):
+        row = table.strip().splitlines()[-1].split("|")
+        return row[3:8]
+
+    assert accuracies(two.stdout) == accuracies(one)
+    per_client = [float(a) for a in accuracies(one)[0].split(",")]
+    assert per_client[0] != per_client[1]  # the seeds differ, so an order swap would show
