@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,31 @@ if os.environ.get("PFLKIT_MUTANT"):  # tests/mutations/mutate.py: test the mutat
         )
 
 from pflkit.experiment import validate  # noqa: E402
+
+
+def pytest_configure(config):
+    """Ray's token authentication with a token of this test process's own, for its clusters
+    and for this process (Ray 2.60 otherwise writes one to ~/.ray/auth_token on a local start,
+    and a head started after that enables it while a second node does not), and a folder of
+    its own for a local instance's session. Set once, before any test imports Ray: Ray reads
+    these variables when it is imported, so a test that imports it first (a runner check) would
+    otherwise leave this process without the token and a later local instance unreachable."""
+    folder = tempfile.mkdtemp(prefix="pfltok")
+    token = Path(folder) / "token"
+    token.write_text(secrets.token_hex(32))
+    config._ray_folder = folder
+    os.environ.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token),
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_TMPDIR=folder,  # a local instance's session folder: removed at the end
+    )
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ.pop("RAY_ADDRESS", None)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, "_ray_folder", ""), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

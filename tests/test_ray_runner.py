@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 import signal
 import socket
@@ -87,31 +86,12 @@ def _stop(temp_dir: str, port: int) -> None:
             break
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_token():
-    """Ray's token authentication with a token of the module's own, for the cluster and for
-    this process (Ray 2.60 otherwise writes one to ~/.ray/auth_token on a local start, and a
-    head started after that enables it while a second node does not), and a folder of the
-    module's own for a local instance's session."""
-    folder = tempfile.mkdtemp(prefix="pfltok")
-    token = Path(folder) / "token"
-    token.write_text(secrets.token_hex(32))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_AUTH_MODE", "token")
-        mp.setenv("RAY_AUTH_TOKEN_PATH", str(token))
-        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        mp.setenv("RAY_TMPDIR", folder)  # a local instance's session folder: removed below
-        mp.delenv("RAY_AUTH_TOKEN", raising=False)
-        mp.delenv("RAY_ADDRESS", raising=False)
-        yield token
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
-def cluster(ray_token):
+def cluster():
     """A head and a second node, one CPU each, small object stores, no dashboard, no usage
     stats, on free ports with a session folder of their own (safe under pytest-xdist and
-    next to other Ray clusters); both stopped at the end."""
+    next to other Ray clusters), with the test process's Ray token (conftest.py); both
+    stopped at the end."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'pflkit[ray]')")
     ray_cli = str(Path(sys.executable).with_name("ray"))
     temp_dir = tempfile.mkdtemp(prefix="pflray", dir="/tmp")  # short: socket paths
