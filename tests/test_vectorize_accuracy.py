@@ -1,5 +1,6 @@
-"""benchmarks/vectorize_accuracy.py without training: its "within noise" rule by value against
-hand computations, the row it prints from canned accuracies, and its bad-input exits."""
+"""benchmarks/vectorize_accuracy.py: its "within noise" rule by value against hand
+computations, the row it prints from canned accuracies, its bad-input exits (all without
+training), and ``--jobs 2`` against one process on tiny real runs."""
 
 import importlib.util
 import subprocess
