@@ -13,6 +13,7 @@
 set -uo pipefail
 OUT=${1:-runs/gpu-check}
 PY=${PYTHON:-python3}
+source "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"

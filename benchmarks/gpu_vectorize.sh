@@ -13,26 +13,37 @@
 # PFLlib's, on an H100. engine.vectorize: auto picks the vectorised path on CUDA only once
 # these figures show it faster (pflkit.engine.vectorized.AUTO_ON_CUDA).
 #
+# On a lent machine, carry the folder of benchmarks/gpu_kit.sh (.gpukit: the wheels, the data and
+# PFLlib that the machine lacks; benchmarks/gpu_env.sh uses it) and run this with OUT under the
+# tool's $OUT: OUT gets the small files alone (at most 8 come back), vs_libraries.py's runs go
+# to VS_OUT (default OUT/vs). DEVICE=cpu SUBSET=2000 ROUNDS=1 rehearses the whole script here.
+#
 #   benchmarks/gpu_vectorize.sh [OUT]   # OUT: where the logs go (default runs/gpu-vectorize)
 #   PFLLIB=~/refs/PFLlib REFPY=~/refenv/bin/python benchmarks/gpu_vectorize.sh
 set -uo pipefail
 OUT=${1:-runs/gpu-vectorize}
 PY=${PYTHON:-python3}
 ROUNDS=${ROUNDS:-3}
+DEVICE=${DEVICE:-cuda}
+VS_OUT=${VS_OUT:-$OUT/vs}
+subset=()
+[ -n "${SUBSET:-}" ] && subset=(--subset "$SUBSET")
+source "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT"
 date -u +%Y-%m-%dT%H:%MZ | tee "$OUT/gpu.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/gpu.txt"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 $PY -m pytest -q -p no:cacheprovider -p no:xdist tests/test_vectorized.py 2>&1 \
     | tee "$OUT/test_vectorized.log" | tail -n 5
-$PY benchmarks/bench_fedavg.py --device cuda --rounds "$ROUNDS" --workers 8 --vectorize 2>&1 \
-    | tee "$OUT/bench_fedavg_vectorize_cuda.log"
+$PY benchmarks/bench_fedavg.py --device "$DEVICE" --rounds "$ROUNDS" --workers 8 --vectorize "${subset[@]}" 2>&1 \
+    | tee "$OUT/bench_fedavg_vectorize_$DEVICE.log"
 if [ -n "${PFLLIB:-}" ]; then
-    rm -rf "$OUT/vs"
-    $PY benchmarks/vs_libraries.py --pfllib "$PFLLIB" --python "${REFPY:-$PY}" --device cuda \
-        --rounds "$ROUNDS" --pflkit-workers 8 --pflkit-vectorize 1,8 --out "$OUT/vs" 2>&1 \
-        | tee "$OUT/vs_libraries_cuda.log"
+    rm -rf "$VS_OUT"
+    $PY benchmarks/vs_libraries.py --pfllib "$PFLLIB" --python "${REFPY:-$PY}" --device "$DEVICE" \
+        --rounds "$ROUNDS" --pflkit-workers 8 --pflkit-vectorize 1,8 --out "$VS_OUT" "${subset[@]}" 2>&1 \
+        | tee "$OUT/vs_libraries_$DEVICE.log"
+    cp "$VS_OUT/vs_libraries.json" "$OUT/" 2>/dev/null
 else
     echo "PFLLIB not set: vs_libraries.py skipped (give a PFLlib checkout for the ratio)" \
-        | tee "$OUT/vs_libraries_cuda.log"
+        | tee "$OUT/vs_libraries_$DEVICE.log"
 fi

@@ -277,6 +277,17 @@ def test_commit_names_only_a_checkout_of_its_own(xc, tmp_path):
     assert xc.commit(tmp_path) == "unknown"
 
 
+def test_commit_of_a_copy_is_its_commit_file(xc, tmp_path):
+    """A copy carried without git (benchmarks/gpu_kit.sh's PFLlib/) names the commit its
+    COMMIT file records, also inside another repository."""
+    copy = tmp_path / "kit" / "PFLlib"
+    (copy / "system").mkdir(parents=True)
+    (copy / "COMMIT").write_text("d832e76\n")
+    assert xc.commit(copy) == "d832e76"
+    (copy / "COMMIT").write_text("\n")
+    assert xc.commit(copy) == "unknown"
+
+
 def test_pflkit_option_changes_one_cases_pflkit_side(xc, tmp_path, capsys):
     """``--pflkit-option KEY=VALUE`` (values as YAML) changes the algorithm section of one
     case's pflkit side; more cases, or an item that is not KEY=VALUE, exit 2 before anything

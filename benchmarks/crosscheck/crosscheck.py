@@ -346,9 +346,12 @@ def run_pflkit(case: Case, cfg: dict, out: Path, seeds: int):
 
 
 def commit(checkout: Path) -> str:
-    """The reference checkout's commit (the table names it); "unknown" for a folder that is
-    not the top of its own git checkout (a copy inside another repository would otherwise
-    report that repository's commit)."""
+    """The reference checkout's commit (the table names it): a copy's ``COMMIT`` file
+    (benchmarks/gpu_kit.sh writes one), else git's; "unknown" for a folder that is not the top
+    of its own git checkout (a copy inside another repository would otherwise report that
+    repository's commit)."""
+    if (stamp := Path(checkout) / "COMMIT").is_file():
+        return stamp.read_text().strip() or "unknown"
 
     def git(*args: str) -> str:
         r = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True)
