@@ -150,26 +150,33 @@ def _request(optimizer: str, momentum: float, wd: float, max_norm: float | None)
      ("adamw", 0.0, 0.1, 0.3)],
 )  # fmt: skip
 def test_functional_optimiser_equals_torchs_with_a_step_mask(optimizer, momentum, wd, max_norm):
-    """Three clients, four steps of random gradients; client 1 stops after step 2 (the mask):
-    each client's parameters equal those of torch's own optimiser (and clip_grad_norm_) run
-    on that client alone for its steps."""
+    """Three clients, four steps of random gradients, as train_stacked steps them: client 2
+    stops after step 2 (the step mask: the stack keeps its first two rows), and at step 2 the
+    rows step in two runs (a batch size that differs). Each client's parameters equal those
+    of torch's own optimiser (and clip_grad_norm_) run on that client alone for its steps."""
     gen = torch.Generator().manual_seed(0)
     start = {"w": torch.randn(3, 4, 2, generator=gen), "b": torch.randn(3, 2, generator=gen)}
     grads = [{k: torch.randn(v.shape, generator=gen) for k, v in start.items()} for _ in range(4)]
-    steps = [4, 2, 4]
+    steps = [4, 4, 2]
+    runs = [[(0, 3)], [(0, 1), (1, 3)], [(0, 2)], [(0, 2)]]  # each step's runs of rows
     opt = FunctionalOptimizer(_request(optimizer, momentum, wd, max_norm), start)
     params = {k: v.clone() for k, v in start.items()}
+    out = {}
     for t in range(4):
-        members = [i for i in range(3) if t < steps[i]]
-        idx = None if len(members) == 3 else torch.tensor(members)
-        sub = {k: v if idx is None else v[idx] for k, v in params.items()}
-        g = {k: v if idx is None else v[idx] for k, v in grads[t].items()}
-        new = opt.step(sub, g, idx, t + 1)
-        for k in params:
-            if idx is None:
-                params[k] = new[k]
-            else:
-                params[k][idx] = new[k]
+        if t == 2:  # client 2 is done: the stack keeps the first two rows
+            out[2] = {k: v[2].clone() for k, v in params.items()}
+            params = {k: v[:2] for k, v in params.items()}
+            opt.keep(2)
+        for lo, hi in runs[t]:
+            rows = slice(lo, hi)
+            g = {k: v[:3][rows] for k, v in grads[t].items()}
+            new = opt.step({k: v[rows] for k, v in params.items()}, g, rows, t + 1)
+            for k in params:
+                if hi - lo == len(params[k]):
+                    params[k] = new[k]
+                else:
+                    params[k][rows] = new[k]
+    out |= {i: {k: v[i] for k, v in params.items()} for i in range(2)}
     for i in range(3):
         mine = [start[k][i].clone().requires_grad_() for k in ("w", "b")]
         kind = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
@@ -182,7 +189,7 @@ def test_functional_optimiser_equals_torchs_with_a_step_mask(optimizer, momentum
                 torch.nn.utils.clip_grad_norm_(mine, max_norm)
             ref.step()
         for p, k in zip(mine, ("w", "b"), strict=True):
-            torch.testing.assert_close(params[k][i], p.detach(), rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(out[i][k], p.detach(), rtol=1e-6, atol=1e-7)
 
 
 # -- refusals and auto ------------------------------------------------------------------------------

@@ -19,11 +19,14 @@ vectorizable`) when its local work is such steps with ``cross_entropy`` or a
 
 The requests of one computation share the architecture, the loss function and its static
 arguments, the optimised parameters and the optimiser settings; the clients' states are stacked
-along a new first dimension. Per step, the clients that still have a batch (the step mask: a
-client with fewer batches stops updating) are grouped by batch size, and each group takes one
-``vmap(grad(loss))`` call and one functional optimiser step (SGD with momentum and weight decay,
-Adam, AdamW: torch's update rules, per-client moments), with ``train.grad_clip``'s per-client
-clipping in between. BatchNorm running statistics are buffers of each client's own slice.
+along a new first dimension, in order of their number of steps (most first) and, among equal
+numbers, of their last batch's size (largest first). The clients with a step ``s`` are then the
+stack's first rows (the step mask: a client with fewer batches stops updating; the stack
+shrinks past it, its trained rows kept), and their batch sizes runs of neighbouring rows (an
+epoch's short last batch). Each run takes one ``vmap(grad(loss))`` call and one functional
+optimiser step (SGD with momentum and weight decay, Adam, AdamW: torch's update rules,
+per-client moments), with ``train.grad_clip``'s per-client clipping in between, on slices of
+the stacked tensors: no gather or scatter per step (on a GPU, a kernel per tensor each). BatchNorm running statistics are buffers of each client's own slice.
 Numbers equal the per-client path's within float tolerance, not bit for bit: the batched
 kernels sum in another order.
 
@@ -71,6 +74,7 @@ from pflkit.primitives.training import (
 # docs/benchmarks.md)
 AUTO_ON_CUDA = False
 MAX_STACK = 256  # clients stacked in one computation, at most (memory: states and activations)
+Tensors = tuple[Tensor, ...] | list[Tensor]  # what torch._foreach_* take and give
 
 
 def covered() -> list[str]:
@@ -132,7 +136,11 @@ class Pending(BaseException):  # noqa: N818 (not an error: a client waiting for 
 
 
 def _cross_entropy(model: nn.Module, x: Tensor, y: Tensor, tensors: Mapping[str, Any]) -> Tensor:
-    return cross_entropy(model, x, y)
+    """``cross_entropy``'s mean negative log-likelihood, written as log-softmax and a gather,
+    whose ``vmap`` rules dispatch fewer operations than nll_loss's (which also handles
+    ignore_index and class weights). The same number within float tolerance."""
+    logits: Tensor = model(x)
+    return -logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).mean()
 
 
 @dataclass
@@ -332,25 +340,44 @@ def _take(tree: dict[str, Tensor], idx: Tensor | None) -> dict[str, Tensor]:
     return tree if idx is None else {k: v[idx] for k, v in tree.items()}
 
 
-def _put(tree: dict[str, Tensor], idx: Tensor | None, new: dict[str, Tensor]) -> None:
+def _rows(tree: Any, rows: slice) -> Any:
+    """The clients ``rows`` of stacked tensors (nested dicts): views."""
+    if isinstance(tree, Mapping):
+        return {k: _rows(v, rows) for k, v in tree.items()}
+    return tree[rows]
+
+
+def _put(tree: dict[str, Tensor], rows: slice, new: dict[str, Tensor]) -> None:
+    """``new`` as the clients ``rows`` of ``tree``: the new tensors themselves where the rows
+    are all of them, else copied into those rows."""
     for k, v in new.items():
-        if idx is None:
+        if rows.start == 0 and rows.stop == len(tree[k]):
             tree[k] = v
         else:
-            tree[k][idx] = v
+            tree[k][rows] = v
+
+
+def _keep(tree: dict[str, Tensor], n: int) -> dict[str, Tensor]:
+    return {k: v[:n] for k, v in tree.items()}
 
 
 def train_stacked(reqs: Sequence[Request]) -> list[Done]:
     """Train requests of one :meth:`Request.key` together (module docstring)."""
-    r0 = reqs[0]
+    # the clients by step count, most first, and among equal counts by the size of their last
+    # batch, largest first: a step's clients are then the first rows of the stack (the step
+    # mask) and its batch sizes runs of neighbouring rows, so every step reads and writes
+    # slices, never gathers (on a GPU each gather or scatter is one more kernel a tensor)
+    order = sorted(range(len(reqs)), key=lambda i: (-len(reqs[i].batches), -_last(reqs[i])))
+    sorted_reqs = [reqs[i] for i in order]
+    r0 = sorted_reqs[0]
     model = r0.model.train()
     objective = _Objective(model, r0.loss)
     param_names = {k for k, _ in model.named_parameters()}
-    state = {k: torch.stack([r.start[k] for r in reqs]) for k in r0.start}
+    state = {k: torch.stack([r.start[k] for r in sorted_reqs]) for k in r0.start}
     train = {k: state[k] for k in r0.trainable}
     frozen = {k: state[k] for k in param_names if k not in train}
     buffers = {k: v for k, v in state.items() if k not in param_names}
-    tensors = stack([r.loss.tensors for r in reqs])
+    tensors = stack([r.loss.tensors for r in sorted_reqs])
     opt = FunctionalOptimizer(r0, train)
 
     def client_loss(
@@ -365,34 +392,52 @@ def train_stacked(reqs: Sequence[Request]) -> list[Done]:
     device = r0.x.device
     # every client's inputs and labels of the whole call in step order, gathered once: a
     # step's batch is then a view (one gather per client, not one per client and step)
-    xs = [r.x[_order(r)] if not r.inputs else torch.cat(r.inputs) for r in reqs]
-    ys = [r.y[_order(r)] for r in reqs]
-    ends = [list(itertools.accumulate(len(b) for b in r.batches)) for r in reqs]
+    xs = [r.x[_order(r)] if not r.inputs else torch.cat(r.inputs) for r in sorted_reqs]
+    ys = [r.y[_order(r)] for r in sorted_reqs]
+    ends = [list(itertools.accumulate(len(b) for b in r.batches)) for r in sorted_reqs]
+    counts = [len(r.batches) for r in sorted_reqs]
     total = torch.zeros(len(reqs), device=device)
-    counts = [len(r.batches) for r in reqs]
-    everyone = list(range(len(reqs)))
-    for s in range(max(counts)):
-        by_size: dict[int, list[int]] = defaultdict(list)  # the step mask, by batch size
-        for i in everyone:
-            if s < counts[i]:
-                by_size[len(reqs[i].batches[s])].append(i)
-        for size, members in by_size.items():
-            idx = None if members == everyone else torch.tensor(members, device=device)
-            x = torch.stack([xs[i][ends[i][s] - size : ends[i][s]] for i in members])
-            y = torch.stack([ys[i][ends[i][s] - size : ends[i][s]] for i in members])
+    final: list[Weights] = [{} for _ in reqs]  # each client's trained tensors, once it is done
+
+    def finish(lo: int, hi: int) -> None:
+        """Clients ``lo`` to ``hi`` are done: their rows kept (copied: the stack shrinks)."""
+        if lo < hi:
+            rows = {k: v[lo:hi].clone() for k, v in {**train, **buffers}.items()}
+            for i in range(lo, hi):
+                final[i] = {k: v[i - lo] for k, v in rows.items()}
+
+    active = len(reqs)
+    for s in range(max(counts) + 1):
+        now = sum(c > s for c in counts)  # the clients with a step s: the first rows
+        if now < active:
+            finish(now, active)
+            train, buffers, active = _keep(train, now), _keep(buffers, now), now
+            opt.keep(now)
+        sizes = [len(r.batches[s]) for r in sorted_reqs[:active]]
+        lo = 0
+        for size, run in itertools.groupby(sizes):
+            hi = lo + len(list(run))
+            rows = slice(lo, hi)
+            x = torch.stack([xs[i][ends[i][s] - size : ends[i][s]] for i in range(lo, hi)])
+            y = torch.stack([ys[i][ends[i][s] - size : ends[i][s]] for i in range(lo, hi)])
             grads, (loss, new_buffers) = step(
-                _take(train, idx), _take(frozen, idx), _take(buffers, idx), x, y,
-                _take_tree(tensors, idx),
+                _rows(train, rows), _rows(frozen, rows), _rows(buffers, rows), x, y,
+                _rows(tensors, rows),
             )  # fmt: skip
-            _put(train, idx, opt.step(_take(train, idx), grads, idx, s + 1))
-            _put(buffers, idx, new_buffers)
-            if idx is None:
-                total += loss
-            else:
-                total[idx] += loss
-    final = {**train, **frozen, **buffers}
+            _put(train, rows, opt.step(_rows(train, rows), grads, rows, s + 1))
+            _put(buffers, rows, new_buffers)
+            total[rows] += loss
+            lo = hi
     losses = (total / torch.tensor([max(c, 1) for c in counts], device=device)).tolist()
-    return [Done({k: final[k][i] for k in r.start}, losses[i], r.rng) for i, r in enumerate(reqs)]
+    done = {}
+    for i, r in enumerate(sorted_reqs):
+        weights = {k: final[i][k] if k in final[i] else state[k][i] for k in r.start}
+        done[order[i]] = Done(weights, losses[i], r.rng)
+    return [done[i] for i in range(len(reqs))]
+
+
+def _last(req: Request) -> int:
+    return len(req.batches[-1]) if req.batches else 0
 
 
 def _order(req: Request) -> Tensor:
@@ -400,14 +445,6 @@ def _order(req: Request) -> Tensor:
     if not req.batches:
         return torch.zeros(0, dtype=torch.long, device=req.y.device)
     return torch.cat(req.batches)
-
-
-def _take_tree(tree: Any, idx: Tensor | None) -> Any:
-    if idx is None:
-        return tree
-    if isinstance(tree, Mapping):
-        return {k: _take_tree(v, idx) for k, v in tree.items()}
-    return tree[idx]
 
 
 class FunctionalOptimizer:
@@ -429,47 +466,58 @@ class FunctionalOptimizer:
             self.moments = [zeros]
 
     def step(
-        self, params: dict[str, Tensor], grads: dict[str, Tensor], idx: Tensor | None, t: int
+        self, params: dict[str, Tensor], grads: dict[str, Tensor], rows: slice, t: int
     ) -> dict[str, Tensor]:
         """The parameters after step ``t`` (1-based, the same for every client stepping) of
-        the clients ``idx`` (None: all), given their gradients."""
+        the clients ``rows`` of the stack, given their gradients."""
         if self.max_norm is not None:
             grads = clipped(grads, self.max_norm)
-        moments = [_take(m, idx) for m in self.moments]
+        moments = [_rows(m, rows) for m in self.moments]
         if self.kind == "sgd":
             new = self._sgd(params, grads, moments)
         else:
             new = self._adam(params, grads, moments, t)
         for m, mine in zip(self.moments, moments, strict=True):
-            _put(m, idx, mine)
+            _put(m, rows, mine)
         return new
 
+    def keep(self, n: int) -> None:
+        """Only the first ``n`` clients step from now on (the others are done)."""
+        self.moments = [_keep(m, n) for m in self.moments]
+
+    # torch._foreach_* (what torch's optimisers use on a GPU): each line below is one
+    # operation over all the parameters, a kernel or two on a GPU rather than one per tensor
+
     def _sgd(self, params: Weights, grads: Weights, moments: list[Weights]) -> Weights:
-        out: Weights = {}
-        for k, p in params.items():
-            g = grads[k]
-            if self.wd:
-                g = g.add(p, alpha=self.wd)
-            if self.momentum:  # torch: buf = g at the first step, then buf * momentum + g
-                moments[0][k] = g = moments[0][k].mul(self.momentum).add(g)
-            out[k] = p.add(g, alpha=-self.lr)
-        return out
+        p: Tensors = list(params.values())
+        g: Tensors = [grads[k] for k in params]
+        if self.wd:
+            g = torch._foreach_add(g, p, alpha=self.wd)
+        if self.momentum:  # torch: buf = g at the first step, then buf * momentum + g
+            g = torch._foreach_add(torch._foreach_mul(_of(moments[0], params), self.momentum), g)
+            moments[0].update(zip(params, g, strict=True))
+        return dict(zip(params, torch._foreach_add(p, g, alpha=-self.lr), strict=True))
 
     def _adam(self, params: Weights, grads: Weights, moments: list[Weights], t: int) -> Weights:
         b1, b2 = self.BETAS
         step_size = self.lr / (1 - b1**t)
         bc2_sqrt = (1 - b2**t) ** 0.5
-        out: Weights = {}
-        for k, p in params.items():
-            g = grads[k]
-            if self.wd and self.kind == "adamw":
-                p = p.mul(1 - self.lr * self.wd)
-            elif self.wd:
-                g = g.add(p, alpha=self.wd)
-            m = moments[0][k] = moments[0][k].lerp(g, 1 - b1)
-            v = moments[1][k] = moments[1][k].mul(b2).addcmul(g, g, value=1 - b2)
-            out[k] = p.addcdiv(m, (v.sqrt() / bc2_sqrt).add(self.EPS), value=-step_size)
-        return out
+        p: Tensors = list(params.values())
+        g: Tensors = [grads[k] for k in params]
+        if self.wd and self.kind == "adamw":
+            p = torch._foreach_mul(p, 1 - self.lr * self.wd)
+        elif self.wd:
+            g = torch._foreach_add(g, p, alpha=self.wd)
+        m = torch._foreach_lerp(_of(moments[0], params), g, 1 - b1)
+        v = torch._foreach_addcmul(torch._foreach_mul(_of(moments[1], params), b2), g, g, 1 - b2)
+        moments[0].update(zip(params, m, strict=True))
+        moments[1].update(zip(params, v, strict=True))
+        denom = torch._foreach_add(torch._foreach_div(torch._foreach_sqrt(v), bc2_sqrt), self.EPS)
+        return dict(zip(params, torch._foreach_addcdiv(p, m, denom, -step_size), strict=True))
+
+
+def _of(tree: Weights, like: Weights) -> list[Tensor]:
+    return [tree[k] for k in like]
 
 
 def clipped(grads: dict[str, Tensor], max_norm: float) -> dict[str, Tensor]:

@@ -1,0 +1,97 @@
+"""Operations a training round dispatches, per-client against vectorised (issue 56): a measure of
+the GPU's launch cost that a CPU can take.
+
+On a GPU the anchor setting is launch-bound (docs/benchmarks.md): a round costs about what its
+kernel launches cost, whatever their size. This script counts, on the CPU, the operations that
+reach torch's backend in one training round (a ``TorchDispatchMode``: below autograd and
+``torch.func``'s transforms, after composite operations are decomposed, so ``linear`` counts
+as the ``addmm`` it runs and a ``vmap``-ed convolution as the batched one), except views and
+bare allocations, which launch no kernel. Each counted operation is one kernel launch or more
+on a GPU. Both paths run in this process with one torch thread, the per-client path and
+``engine.vectorize: true``, after one uncounted round; evaluation is off (``eval.every`` past
+the round), so the count is the training's: the clients' steps and their updates' checks.
+
+    python benchmarks/vectorize_ops.py                  # the anchor (bench_fedavg.py's CONFIG)
+    python benchmarks/vectorize_ops.py --subset 5000    # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fedavg import CONFIG  # noqa: E402
+
+from pflkit.data.federated import build_federated  # noqa: E402
+from pflkit.engine.clients import InProcess  # noqa: E402
+from pflkit.engine.simulation import Simulation  # noqa: E402
+from pflkit.experiment import validate  # noqa: E402
+
+# allocations without a kernel, and shape-only changes that are not marked as views
+NO_KERNEL = {
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "resize_",
+    "_unsafe_view",
+}
+
+
+class Dispatched(TorchDispatchMode):
+    """Counts the operations that reach the backend, by name (views and bare allocations not
+    counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__
+        if not func.is_view and name not in NO_KERNEL:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_round(raw: dict, vectorize: bool) -> collections.Counter:
+    """The operations of round 2 of ``raw``'s experiment, in this process, by name."""
+    cfg = validate({**raw, "threads": 1, "eval": {"every": 10**6}})
+    sim = Simulation(cfg, build_federated(cfg.data), InProcess(vectorize=vectorize))
+    sim.run_round(1)
+    with Dispatched() as mode:
+        sim.run_round(2)
+    return mode.counts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--subset", type=int, help="train on a Fashion-MNIST subset")
+    args = ap.parse_args()
+    if args.subset is not None and args.subset < 1:
+        ap.error(f"--subset {args.subset}: give a positive number of images, e.g. 5000")
+    raw = dict(CONFIG)
+    if args.subset:
+        raw["data"] = {**raw["data"], "subset": args.subset}
+    torch.set_num_threads(1)
+    counts = {
+        name: count_round(raw, vec) for name, vec in (("per-client", False), ("vectorised", True))
+    }
+    print("| path | operations in a training round | most frequent |")
+    print("|---|---:|---|")
+    for name, c in counts.items():
+        top = ", ".join(f"{k} {v}" for k, v in c.most_common(5))
+        print(f"| {name} | {sum(c.values())} | {top} |")
+    ratio = sum(counts["per-client"].values()) / max(sum(counts["vectorised"].values()), 1)
+    print(f"per-client / vectorised: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
