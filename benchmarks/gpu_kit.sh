@@ -27,17 +27,21 @@ LIMIT_MIB=64
 fail() { echo "gpu_kit.sh: $*" >&2; exit 2; }
 
 FMNIST=""
-for dir in "${PFLKIT_DATA:-$HOME/.cache/pflkit/data}/fashion_mnist" "${FMNIST_SYSTEM:-/usr/share/datasets/fashion-mnist}"; do
+for dir in "${PFLKIT_DATA:-$HOME/.cache/pflkit/data}/fashion_mnist" \
+    "${FMNIST_SYSTEM:-/usr/share/datasets/fashion-mnist}"; do
     [ -f "$dir/train-images-idx3-ubyte.gz" ] && { FMNIST=$dir; break; }
 done
-[ -n "$FMNIST" ] || fail "no Fashion-MNIST files found: install them (apt-get install dataset-fashion-mnist) or put the four .gz files in \$PFLKIT_DATA/fashion_mnist"
+[ -n "$FMNIST" ] || fail "no Fashion-MNIST files found: install them (apt-get install" \
+    "dataset-fashion-mnist) or put the four .gz files in \$PFLKIT_DATA/fashion_mnist"
 if [ -n "${PFLLIB:-}" ] && [ ! -f "$PFLLIB/system/main.py" ]; then
-    fail "PFLLIB=$PFLLIB has no system/main.py: give a PFLlib checkout (git clone https://github.com/TsingZ0/PFLlib)"
+    fail "PFLLIB=$PFLLIB has no system/main.py: give a PFLlib checkout" \
+        "(git clone https://github.com/TsingZ0/PFLlib)"
 fi
 version() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))" 2>/dev/null \
     || fail "$PY has no $1: run this with the interpreter that runs pflkit (PYTHON=...)"; }
 
 rm -rf "$KIT"
+trap 'rm -rf "$KIT"' EXIT  # no half-made kit: removed unless everything below succeeds
 mkdir -p "$KIT/whl" "$KIT/data/fashion_mnist"
 pins=()
 for name in pydantic pydantic-core annotated-types typing-inspection typing-extensions; do
@@ -49,7 +53,8 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manyl
 done
 echo "wheels for Python $PYVER: ${pins[*]} cvxpy-base==1.7.5 calmsize"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
-    "${platforms[@]}" -d "$KIT/whl" "${pins[@]}" cvxpy-base==1.7.5
+    "${platforms[@]}" -d "$KIT/whl" "${pins[@]}" cvxpy-base==1.7.5 \
+    || fail "pip could not download the wheels for Python $PYVER (its error is above): give PYVER as major.minor, e.g. 3.12"
 "$PY" -m pip wheel -q --no-deps -w "$KIT/whl" calmsize==0.1.3  # an sdist only: pure Python
 cp "$FMNIST"/*-ubyte.gz "$KIT/data/fashion_mnist/"
 if [ -n "${PFLLIB:-}" ]; then
@@ -62,10 +67,13 @@ if [ -n "${PFLLIB:-}" ]; then
     fi
 fi
 
-tree_bytes=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null \
-    | awk '{s += $1} END {print s + 0}')
+tree_bytes=$(git ls-files -z --cached --others --exclude-standard \
+    | xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}')
 kit_bytes=$(du -sb "$KIT" | cut -f1)
 total_mib=$(( (tree_bytes + kit_bytes) / 1048576 ))
-echo "$KIT: $(( kit_bytes / 1048576 )) MiB; with the working tree $total_mib MiB of the device tool's $LIMIT_MIB"
-[ "$total_mib" -lt "$LIMIT_MIB" ] || fail "$total_mib MiB would travel, over the device tool's $LIMIT_MIB MiB: leave PFLLIB unset or remove untracked files"
+echo "$KIT: $(( kit_bytes / 1048576 )) MiB; with the working tree $total_mib MiB" \
+    "of the device tool's $LIMIT_MIB"
+[ "$total_mib" -lt "$LIMIT_MIB" ] || fail "$total_mib MiB would travel, over the device tool's" \
+    "$LIMIT_MIB MiB: leave PFLLIB unset or remove untracked files"
+trap - EXIT
 echo "carry [\"$KIT\"] and start the command with: bash benchmarks/gpu_vectorize.sh ..."

@@ -26,7 +26,8 @@ shrinks past it, its trained rows kept), and their batch sizes runs of neighbour
 epoch's short last batch). Each run takes one ``vmap(grad(loss))`` call and one functional
 optimiser step (SGD with momentum and weight decay, Adam, AdamW: torch's update rules,
 per-client moments), with ``train.grad_clip``'s per-client clipping in between, on slices of
-the stacked tensors: no gather or scatter per step (on a GPU, a kernel per tensor each). BatchNorm running statistics are buffers of each client's own slice.
+the stacked tensors: no gather or scatter per step (on a GPU, a kernel per tensor each).
+BatchNorm running statistics are buffers of each client's own slice.
 Numbers equal the per-client path's within float tolerance, not bit for bit: the batched
 kernels sum in another order.
 
