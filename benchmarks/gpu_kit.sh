@@ -61,10 +61,11 @@ if [ -n "${PFLLIB:-}" ]; then
     mkdir -p "$KIT/PFLlib"
     cp -r "$PFLLIB/system" "$KIT/PFLlib/"
     rm -rf "$KIT"/PFLlib/system/{dataset,results,models}  # what earlier runs left there
-    top=$(git -C "$PFLLIB" rev-parse --show-toplevel 2>/dev/null || true)
-    if [ -n "$top" ] && [ "$(cd "$top" && pwd -P)" = "$(cd "$PFLLIB" && pwd -P)" ]; then
-        git -C "$PFLLIB" rev-parse --short HEAD >"$KIT/PFLlib/COMMIT"  # the tables name it
-    fi
+    # the checkout's commit as the cross-check names it ("unknown" unless PFLLIB is the top of
+    # its own git checkout): vs_libraries.py's tables name it
+    "$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1])
+from crosscheck import commit; print(commit(Path(sys.argv[2])))' \
+        "$(dirname "$0")/crosscheck" "$PFLLIB" >"$KIT/PFLlib/COMMIT"
 fi
 
 tree_bytes=$(git ls-files -z --cached --others --exclude-standard \
