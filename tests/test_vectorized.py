@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
+from pflkit.engine import vectorized
 from pflkit.engine.clients import InProcess, ProcessPool, make_runner
 from pflkit.engine.simulation import Simulation
 from pflkit.engine.vectorized import FunctionalOptimizer, Request, covered
@@ -80,17 +81,25 @@ def test_one_step_equals_the_per_client_path(name):
     same(raw, rounds=1)
 
 
+def graphed(on: bool) -> InProcess | None:
+    """train_graphed's runner where ``on`` (on CPU its fixed-shape, masked steps run as
+    written, uncaptured: the arithmetic a CUDA graph replays), else the default."""
+    return InProcess(vectorize=True, graphs=True) if on else None
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["stacked", "graphed"])
 @pytest.mark.parametrize("name", COVERED)
-def test_two_rounds_equal_the_per_client_path(name):
+def test_two_rounds_equal_the_per_client_path(name, graphs):
     """Two rounds of mini-batches on clients of unequal sizes (Dirichlet 0.5: the step mask
     stops the small ones first; each epoch's last batch is short), 3 of 4 clients a round,
     SGD with momentum and weight decay, grad_clip: the same states, server and rows."""
     train = {"client_fraction": 0.75, "momentum": 0.5, "weight_decay": 1e-3, "grad_clip": 1.0}
     raw = tiny_config(algorithm={"name": name, **PARAMS.get(name, {})}, train=train)
-    same(raw)
+    same(raw, runner=graphed(graphs))
 
 
-def test_adam_batchnorm_augmentation_and_stragglers():
+@pytest.mark.parametrize("graphs", [False, True], ids=["stacked", "graphed"])
+def test_adam_batchnorm_augmentation_and_stragglers(graphs):
     """LeNet5-BN on Fashion-MNIST images (per-client BatchNorm statistics), crop-flip batches
     (each client's augmentation drawn from its own stream), Adam with weight decay, a cosine lr
     schedule, drop_last and stragglers (fewer steps: the step mask). Adam's weight decay is on:
@@ -112,14 +121,15 @@ def test_adam_batchnorm_augmentation_and_stragglers():
         },
         system={"stragglers": 0.5},
     )
-    same(raw)
+    same(raw, runner=graphed(graphs))
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["stacked", "graphed"])
 @pytest.mark.parametrize("name", ["fedavg", "ditto", "fedrep"])
-def test_adamw_equals_the_per_client_path(name):
+def test_adamw_equals_the_per_client_path(name, graphs):
     train = {"optimizer": "adamw", "weight_decay": 0.05, "lr": 0.01, "drop_last": True}
     raw = tiny_config(algorithm={"name": name, **PARAMS.get(name, {})}, train=train)
-    same(raw)
+    same(raw, runner=graphed(graphs))
 
 
 def test_two_vectorised_workers_equal_the_per_client_path():
@@ -144,39 +154,49 @@ def _request(optimizer: str, momentum: float, wd: float, max_norm: float | None)
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["shrinking", "masked"])
 @pytest.mark.parametrize(
     "optimizer,momentum,wd,max_norm",
     [("sgd", 0.0, 0.0, None), ("sgd", 0.9, 0.01, 0.3), ("adam", 0.0, 0.01, None),
      ("adamw", 0.0, 0.1, 0.3)],
 )  # fmt: skip
-def test_functional_optimiser_equals_torchs_with_a_step_mask(optimizer, momentum, wd, max_norm):
-    """Three clients, four steps of random gradients, as train_stacked steps them: client 2
-    stops after step 2 (the step mask: the stack keeps its first two rows), and at step 2 the
-    rows step in two runs (a batch size that differs). Each client's parameters equal those
-    of torch's own optimiser (and clip_grad_norm_) run on that client alone for its steps."""
+def test_functional_optimiser_equals_torchs_with_a_step_mask(
+    optimizer, momentum, wd, max_norm, masked
+):
+    """Three clients, four steps of random gradients, stepped as train_stacked steps them
+    (shrinking: client 2 stops after step 2, the stack keeps its first two rows, and at step 2
+    the rows step in two runs, a batch size that differs) or as train_graphed's captured step
+    does (masked: every step all rows in place, a mask keeping client 2 out after step 2, the
+    bias as tensors). Each client's parameters equal those of torch's own optimiser (and
+    clip_grad_norm_) run on that client alone for its steps."""
     gen = torch.Generator().manual_seed(0)
     start = {"w": torch.randn(3, 4, 2, generator=gen), "b": torch.randn(3, 2, generator=gen)}
     grads = [{k: torch.randn(v.shape, generator=gen) for k, v in start.items()} for _ in range(4)]
     steps = [4, 4, 2]
-    runs = [[(0, 3)], [(0, 1), (1, 3)], [(0, 2)], [(0, 2)]]  # each step's runs of rows
-    opt = FunctionalOptimizer(_request(optimizer, momentum, wd, max_norm), start)
     params = {k: v.clone() for k, v in start.items()}
+    opt = FunctionalOptimizer(_request(optimizer, momentum, wd, max_norm), params, masked)
     out = {}
-    for t in range(4):
-        if t == 2:  # client 2 is done: the stack keeps the first two rows
-            out[2] = {k: v[2].clone() for k, v in params.items()}
-            params = {k: v[:2] for k, v in params.items()}
-            opt.keep(2)
-        for lo, hi in runs[t]:
-            rows = slice(lo, hi)
-            g = {k: v[rows] for k, v in grads[t].items()}
-            new = opt.step({k: v[rows] for k, v in params.items()}, g, rows, t + 1)
-            for k in params:
-                if hi - lo == len(params[k]):
-                    params[k] = new[k]
-                else:
-                    params[k][rows] = new[k]
-    out |= {i: {k: v[i] for k, v in params.items()} for i in range(2)}
+    if masked:
+        for t in range(4):
+            mask = torch.tensor([t < n for n in steps])
+            bias = tuple(torch.tensor(b) for b in opt.bias(t + 1))
+            every = slice(0, 3)
+            new = opt.step(params, grads[t], every, bias, mask)
+            vectorized._put(params, every, new, static=True, mask=mask)
+        out = {i: {k: v[i] for k, v in params.items()} for i in range(3)}
+    else:
+        runs = [[(0, 3)], [(0, 1), (1, 3)], [(0, 2)], [(0, 2)]]  # each step's runs of rows
+        for t in range(4):
+            if t == 2:  # client 2 is done: the stack keeps the first two rows
+                out[2] = {k: v[2].clone() for k, v in params.items()}
+                params = {k: v[:2] for k, v in params.items()}
+                opt.keep(2)
+            for lo, hi in runs[t]:
+                rows = slice(lo, hi)
+                g = {k: v[rows] for k, v in grads[t].items()}
+                new = opt.step({k: v[rows] for k, v in params.items()}, g, rows, opt.bias(t + 1))
+                vectorized._put(params, rows, new)
+        out |= {i: {k: v[i] for k, v in params.items()} for i in range(2)}
     for i in range(3):
         mine = [start[k][i].clone().requires_grad_() for k in ("w", "b")]
         kind = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}

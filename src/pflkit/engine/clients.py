@@ -367,6 +367,8 @@ class ClientRunner:
     keeps_state: bool = True
     #: trains (and scores) a phase's clients as one batched computation (engine.vectorize)
     vectorize: bool = False
+    #: and replays its training steps as CUDA graphs (engine.cuda_graphs)
+    graphs: bool = False
 
     def start(self, cfg: ExperimentConfig, data: FederatedDataset) -> None:
         """Prepare for a run of ``cfg`` on ``data`` (called once, before its first round)."""
@@ -397,10 +399,11 @@ class ClientRunner:
 
 class InProcess(ClientRunner):
     """Client work in this process, one client after another, or with ``vectorize``
-    (``engine.vectorize``) as one batched computation (:func:`run_jobs`)."""
+    (``engine.vectorize``) as one batched computation (:func:`run_jobs`), with ``graphs``
+    (``engine.cuda_graphs``) its steps replayed as CUDA graphs."""
 
-    def __init__(self, vectorize: bool = False):
-        self.vectorize = vectorize
+    def __init__(self, vectorize: bool = False, graphs: bool = False):
+        self.vectorize, self.graphs = vectorize, graphs
 
     def run(
         self,
@@ -412,20 +415,23 @@ class InProcess(ClientRunner):
         if meanwhile is not None:
             meanwhile()
         if self.vectorize:
-            return run_jobs(algo, envs, jobs)
+            return run_jobs(algo, envs, jobs, self.graphs)
         return {job.cid: job.run(algo, envs[job.cid]) for job in jobs}
 
 
-def run_jobs(algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job]) -> dict[int, Any]:
+def run_jobs(
+    algo: Algorithm, envs: Sequence[ClientEnv], jobs: Sequence[Job], graphs: bool = False
+) -> dict[int, Any]:
     """The results of ``jobs`` (all of one kind) by client, in job order, by the vectorised
-    engine (:mod:`pflkit.engine.vectorized`): training as one computation; evaluation of the
+    engine (:mod:`pflkit.engine.vectorized`): training as one computation (``graphs``: its
+    steps replayed as CUDA graphs, :func:`~pflkit.engine.vectorized.train_graphed`); evaluation of the
     clients scored by the default scoring model too, where only accuracy on a classification
     task is asked for (the others one by one, which computes every metric of
     ``eval.metrics`` and every task)."""
     if not jobs:
         return {}
     if isinstance(jobs[0], TrainJob):
-        return vectorized.train_cohort(algo, envs, jobs, checked, seed_torch)
+        return vectorized.train_cohort(algo, envs, jobs, checked, seed_torch, graphs)
 
     def weights(job: EvalJob) -> Weights | None:
         if job.adapt is not None or job.finetune_epochs:
@@ -561,10 +567,10 @@ def _worker_job(blob: bytes) -> bytes:
     return run_job(_WORKER["algo"], _WORKER["envs"], blob)
 
 
-def _worker_share(blob: bytes) -> bytes:
+def _worker_share(blob: bytes, graphs: bool) -> bytes:
     """Run a pickled list of jobs in a pool worker as one computation (:func:`run_jobs`)."""
     algo, envs = _WORKER["algo"], _WORKER["envs"]
-    return reply(lambda: run_jobs(algo, envs, pickle.loads(blob)))
+    return reply(lambda: run_jobs(algo, envs, pickle.loads(blob), graphs))
 
 
 def shares(jobs: Sequence[Job], sizes: Sequence[int], parts: int) -> list[list[Job]]:
@@ -593,12 +599,18 @@ class ProcessPool(ClientRunner):
     the run's device, and the workers share the GPU."""
 
     def __init__(
-        self, workers: int, threads: int = 1, fresh: bool = False, vectorize: bool = False
+        self,
+        workers: int,
+        threads: int = 1,
+        fresh: bool = False,
+        vectorize: bool = False,
+        graphs: bool = False,
     ):
         self.workers = workers
         self.threads = threads
         self.fresh = fresh
         self.vectorize = vectorize  # each worker trains its share as one computation
+        self.graphs = graphs  # ... its steps replayed as CUDA graphs
         self.executor: ProcessPoolExecutor | None = None
         self.initargs: tuple[Any, ...] | None = None
 
@@ -644,7 +656,7 @@ class ProcessPool(ClientRunner):
             with child_signals_blocked():  # a submit may start a worker
                 futures: dict[int, Future[bytes]] = {
                     part[0].cid: pool.submit(
-                        _worker_share, pickle.dumps(part, pickle.HIGHEST_PROTOCOL)
+                        _worker_share, pickle.dumps(part, pickle.HIGHEST_PROTOCOL), self.graphs
                     )
                     for part in parts
                 } or {
@@ -704,15 +716,16 @@ def make_runner(cfg: ExperimentConfig) -> ClientRunner:
     processes (``auto``: :func:`auto_workers`), or :class:`InProcess` where that is 1."""
     e = cfg.engine
     workers = auto_workers(cfg) if e.workers == "auto" else e.workers
-    vectorize = vectorized.enabled(cfg)
+    vectorize, graphs = vectorized.enabled(cfg), vectorized.graphs(cfg)
     if workers <= 1:
-        return InProcess(vectorize)
+        return InProcess(vectorize, graphs)
     # on an accelerator the workers share it, each with its own context (ProcessPool, fresh)
     accelerator = resolve_device(cfg.device) != "cpu"
-    return ProcessPool(workers, e.threads_per_worker, fresh=accelerator, vectorize=vectorize)
+    threads = e.threads_per_worker
+    return ProcessPool(workers, threads, fresh=accelerator, vectorize=vectorize, graphs=graphs)
 
 
 @RUNNERS.register("in-process", "this process, one client after another (engine.workers unused)")
 def in_process(cfg: ExperimentConfig) -> ClientRunner:
     """``engine.runner: in-process``: :class:`InProcess`, whatever ``engine.workers`` says."""
-    return InProcess(vectorized.enabled(cfg))
+    return InProcess(vectorized.enabled(cfg), vectorized.graphs(cfg))

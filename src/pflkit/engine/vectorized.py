@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -75,7 +75,9 @@ from pflkit.primitives.training import (
 # docs/benchmarks.md)
 AUTO_ON_CUDA = False
 MAX_STACK = 256  # clients stacked in one computation, at most (memory: states and activations)
+GRAPH_WARMUP = 3  # eager steps before a CUDA graph's capture (cuBLAS, cuDNN, autograd set up)
 Tensors = tuple[Tensor, ...] | list[Tensor]  # what torch._foreach_* take and give
+Bias = tuple[float, float] | tuple[Tensor, Tensor]  # FunctionalOptimizer.bias: numbers or tensors
 
 
 def covered() -> list[str]:
@@ -103,6 +105,26 @@ def enabled(cfg: ExperimentConfig) -> bool:
     reason = why_not(cfg)
     if reason is not None:
         raise PflkitError(f"engine.vectorize: true {reason}: set engine.vectorize: false")
+    return True
+
+
+def graphs(cfg: ExperimentConfig) -> bool:
+    """Whether ``cfg`` replays the vectorised engine's steps as CUDA graphs
+    (``engine.cuda_graphs``); one sentence (:class:`PflkitError`) where it cannot."""
+    if not cfg.engine.cuda_graphs:
+        return False
+    device = resolve_device(cfg.device)
+    if not device.startswith("cuda"):
+        raise PflkitError(
+            f"engine.cuda_graphs: true needs a CUDA device, and this run's device is '{device}': "
+            "set device: cuda, or engine.cuda_graphs: false"
+        )
+    if not enabled(cfg):
+        raise PflkitError(
+            "engine.cuda_graphs: true replays the vectorised engine's steps, which this run "
+            f"does not use (engine.vectorize: {cfg.engine.vectorize}): set engine.vectorize: "
+            "true, or engine.cuda_graphs: false"
+        )
     return True
 
 
@@ -276,10 +298,12 @@ def train_cohort(
     jobs: Sequence[Any],
     check: Callable[[ClientEnv, Update, Any], Update | None],
     seed_torch: Callable[..., None],
+    graphs: bool = False,
 ) -> dict[int, Update | None]:
     """Every training job's update by client, in job order, as the per-client path computes
     it (module docstring). ``check(env, update, ctx)`` is the per-client path's check of a
-    finished update (its non-finite metrics and uploads), ``seed_torch(*keys)`` its seeding."""
+    finished update (its non-finite metrics and uploads), ``seed_torch(*keys)`` its seeding;
+    ``graphs``: steps replayed as CUDA graphs (:func:`train_graphed`)."""
     tapes: dict[int, list[Done]] = {job.cid: [] for job in jobs}
     out: dict[int, Update | None] = {}
     pending = list(jobs)
@@ -296,23 +320,24 @@ def train_cohort(
                 requests[job.cid] = tape.request
                 continue
             out[job.cid] = check(env, update, ctx)
-        for cid, done in train_requests(requests).items():
+        for cid, done in train_requests(requests, graphs).items():
             tapes[cid].append(done)
         pending = [job for job in pending if job.cid in requests]
     return {job.cid: out[job.cid] for job in jobs}
 
 
-def train_requests(requests: Mapping[int, Request]) -> dict[int, Done]:
+def train_requests(requests: Mapping[int, Request], graphs: bool = False) -> dict[int, Done]:
     """The outcome of every request, those with the same :meth:`Request.key` trained as one
-    computation (at most :data:`MAX_STACK` at a time)."""
+    computation (at most :data:`MAX_STACK` at a time); ``graphs``: by :func:`train_graphed`."""
     groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for cid, req in requests.items():
         groups[req.key()].append(cid)
+    train = train_graphed if graphs else train_stacked
     out: dict[int, Done] = {}
     for cids in groups.values():
         for i in range(0, len(cids), MAX_STACK):
             part = cids[i : i + MAX_STACK]
-            out.update(zip(part, train_stacked([requests[c] for c in part]), strict=True))
+            out.update(zip(part, train([requests[c] for c in part]), strict=True))
     return out
 
 
@@ -348,11 +373,20 @@ def _rows(tree: Any, rows: slice) -> Any:
     return tree[rows]
 
 
-def _put(tree: dict[str, Tensor], rows: slice, new: dict[str, Tensor]) -> None:
-    """``new`` as the clients ``rows`` of ``tree``: the new tensors themselves where the rows
-    are all of them, else copied into those rows."""
+def _put(
+    tree: dict[str, Tensor],
+    rows: slice,
+    new: dict[str, Tensor],
+    static: bool = False,
+    mask: Tensor | None = None,
+) -> None:
+    """``new`` as the clients ``rows`` of ``tree``: copied into those rows, or, where the rows
+    are all of them and ``static`` is False, the new tensors themselves. With ``mask`` (one
+    bool a row), only the rows it marks take their new values."""
     for k, v in new.items():
-        if rows.start == 0 and rows.stop == len(tree[k]):
+        if mask is not None:
+            v = torch.where(mask.view(-1, *([1] * (v.dim() - 1))), v, tree[k][rows])
+        if not static and rows.start == 0 and rows.stop == len(tree[k]):
             tree[k] = v
         else:
             tree[k][rows] = v
@@ -362,79 +396,187 @@ def _keep(tree: dict[str, Tensor], n: int) -> dict[str, Tensor]:
     return {k: v[:n] for k, v in tree.items()}
 
 
+class _Cohort:
+    """Requests of one :meth:`Request.key` stacked for training (module docstring): the
+    clients sorted by step count, most first, and among equal counts by the size of their last
+    batch, largest first. A step's clients are then the first rows of the stack (the step mask)
+    and its batch sizes runs of neighbouring rows, so every step reads and writes slices, never
+    gathers (on a GPU each gather or scatter is one more kernel a tensor). ``static``: the
+    stacked tensors are updated in place, never replaced (a CUDA graph reads them by address)."""
+
+    def __init__(self, reqs: Sequence[Request], static: bool = False):
+        self.order = sorted(
+            range(len(reqs)), key=lambda i: (-len(reqs[i].batches), -_last(reqs[i]))
+        )
+        self.reqs = [reqs[i] for i in self.order]
+        self.static = static
+        r0 = self.reqs[0]
+        model = r0.model.train()
+        objective = _Objective(model, r0.loss)
+        param_names = {k for k, _ in model.named_parameters()}
+        self.state = {k: torch.stack([r.start[k] for r in self.reqs]) for k in r0.start}
+        self.train = {k: self.state[k] for k in r0.trainable}
+        self.frozen = {k: self.state[k] for k in param_names if k not in self.train}
+        self.buffers = {k: v for k, v in self.state.items() if k not in param_names}
+        self.tensors = stack([r.loss.tensors for r in self.reqs])
+        self.opt = FunctionalOptimizer(r0, self.train, static)
+
+        def client_loss(
+            train: Weights, frozen: Weights, buffers: Weights, x: Tensor, y: Tensor, tensors: Any
+        ) -> tuple[Tensor, tuple[Tensor, Weights]]:
+            buffers = {k: v.clone() for k, v in buffers.items()}  # BatchNorm updates them in place
+            swapped = {f"model.{k}": v for d in (train, frozen, buffers) for k, v in d.items()}
+            loss = functional_call(objective, swapped, (x, y, tensors))
+            return loss, (loss.detach(), buffers)
+
+        self.grad = vmap(grad(client_loss, has_aux=True))
+        self.device = r0.x.device
+        # every client's inputs and labels of the whole call in step order, gathered once: a
+        # step's batch is then a view (one gather per client, not one per client and step)
+        self.xs = [r.x[_order(r)] if not r.inputs else torch.cat(r.inputs) for r in self.reqs]
+        self.ys = [r.y[_order(r)] for r in self.reqs]
+        self.sizes = [[len(b) for b in r.batches] for r in self.reqs]
+        self.ends = [list(itertools.accumulate(s)) for s in self.sizes]
+        self.counts = [len(r.batches) for r in self.reqs]
+        self.total = torch.zeros(len(reqs), device=self.device)  # each client's summed loss
+
+    def runs(self, s: int, active: int) -> Iterator[tuple[slice, int]]:
+        """The runs of rows (and their batch size) among the first ``active`` at step ``s``."""
+        lo = 0
+        for size, run in itertools.groupby(self.sizes[i][s] for i in range(active)):
+            hi = lo + len(list(run))
+            yield slice(lo, hi), size
+            lo = hi
+
+    def batch(self, s: int, rows: slice, size: int) -> tuple[Tensor, Tensor]:
+        """The batches of step ``s`` of the clients ``rows``, all of ``size`` samples."""
+        i = range(rows.start, rows.stop)
+        x = torch.stack([self.xs[j][self.ends[j][s] - size : self.ends[j][s]] for j in i])
+        y = torch.stack([self.ys[j][self.ends[j][s] - size : self.ends[j][s]] for j in i])
+        return x, y
+
+    def step(
+        self, rows: slice, x: Tensor, y: Tensor, bias: Bias, mask: Tensor | None = None
+    ) -> None:
+        """One step of the clients ``rows`` on their batches ``x``, ``y``; with ``mask``, only
+        the rows it marks take it."""
+        train = _rows(self.train, rows)
+        grads, (loss, buffers) = self.grad(
+            train, _rows(self.frozen, rows), _rows(self.buffers, rows), x, y,
+            _rows(self.tensors, rows),
+        )  # fmt: skip
+        _put(self.train, rows, self.opt.step(train, grads, rows, bias, mask), self.static, mask)
+        _put(self.buffers, rows, buffers, self.static, mask)
+        self.total[rows] += loss if mask is None else loss * mask
+
+    def done(self, final: Sequence[Weights]) -> list[Done]:
+        """Every request's outcome in the requests' order, given each client's trained tensors
+        (``final``, in stack order; a tensor not there is the client's row of the stack)."""
+        counts = torch.tensor([max(c, 1) for c in self.counts], device=self.device)
+        losses = (self.total / counts).tolist()
+        done = {}
+        for i, r in enumerate(self.reqs):
+            weights = {k: final[i][k] if k in final[i] else self.state[k][i] for k in r.start}
+            done[self.order[i]] = Done(weights, losses[i], r.rng)
+        return [done[i] for i in range(len(self.reqs))]
+
+
 def train_stacked(reqs: Sequence[Request]) -> list[Done]:
-    """Train requests of one :meth:`Request.key` together (module docstring)."""
-    # the clients by step count, most first, and among equal counts by the size of their last
-    # batch, largest first: a step's clients are then the first rows of the stack (the step
-    # mask) and its batch sizes runs of neighbouring rows, so every step reads and writes
-    # slices, never gathers (on a GPU each gather or scatter is one more kernel a tensor)
-    order = sorted(range(len(reqs)), key=lambda i: (-len(reqs[i].batches), -_last(reqs[i])))
-    sorted_reqs = [reqs[i] for i in order]
-    r0 = sorted_reqs[0]
-    model = r0.model.train()
-    objective = _Objective(model, r0.loss)
-    param_names = {k for k, _ in model.named_parameters()}
-    state = {k: torch.stack([r.start[k] for r in sorted_reqs]) for k in r0.start}
-    train = {k: state[k] for k in r0.trainable}
-    frozen = {k: state[k] for k in param_names if k not in train}
-    buffers = {k: v for k, v in state.items() if k not in param_names}
-    tensors = stack([r.loss.tensors for r in sorted_reqs])
-    opt = FunctionalOptimizer(r0, train)
-
-    def client_loss(
-        train: Weights, frozen: Weights, buffers: Weights, x: Tensor, y: Tensor, tensors: Any
-    ) -> tuple[Tensor, tuple[Tensor, Weights]]:
-        buffers = {k: v.clone() for k, v in buffers.items()}  # BatchNorm updates them in place
-        swapped = {f"model.{k}": v for d in (train, frozen, buffers) for k, v in d.items()}
-        loss = functional_call(objective, swapped, (x, y, tensors))
-        return loss, (loss.detach(), buffers)
-
-    step = vmap(grad(client_loss, has_aux=True))
-    device = r0.x.device
-    # every client's inputs and labels of the whole call in step order, gathered once: a
-    # step's batch is then a view (one gather per client, not one per client and step)
-    xs = [r.x[_order(r)] if not r.inputs else torch.cat(r.inputs) for r in sorted_reqs]
-    ys = [r.y[_order(r)] for r in sorted_reqs]
-    ends = [list(itertools.accumulate(len(b) for b in r.batches)) for r in sorted_reqs]
-    counts = [len(r.batches) for r in sorted_reqs]
-    total = torch.zeros(len(reqs), device=device)
+    """Train requests of one :meth:`Request.key` together (module docstring): the stack
+    shrinks as clients finish, each step one :meth:`_Cohort.step` per run of batch sizes."""
+    c = _Cohort(reqs)
     final: list[Weights] = [{} for _ in reqs]  # each client's trained tensors, once it is done
 
     def finish(lo: int, hi: int) -> None:
         """Clients ``lo`` to ``hi`` are done: their rows kept (copied: the stack shrinks)."""
         if lo < hi:
-            rows = {k: v[lo:hi].clone() for k, v in {**train, **buffers}.items()}
+            rows = {k: v[lo:hi].clone() for k, v in {**c.train, **c.buffers}.items()}
             for i in range(lo, hi):
                 final[i] = {k: v[i - lo] for k, v in rows.items()}
 
     active = len(reqs)
-    for s in range(max(counts) + 1):
-        now = sum(c > s for c in counts)  # the clients with a step s: the first rows
+    for s in range(max(c.counts) + 1):
+        now = sum(n > s for n in c.counts)  # the clients with a step s: the first rows
         if now < active:
             finish(now, active)
-            train, buffers, active = _keep(train, now), _keep(buffers, now), now
-            opt.keep(now)
-        sizes = [len(r.batches[s]) for r in sorted_reqs[:active]]
-        lo = 0
-        for size, run in itertools.groupby(sizes):
-            hi = lo + len(list(run))
-            rows = slice(lo, hi)
-            x = torch.stack([xs[i][ends[i][s] - size : ends[i][s]] for i in range(lo, hi)])
-            y = torch.stack([ys[i][ends[i][s] - size : ends[i][s]] for i in range(lo, hi)])
-            grads, (loss, new_buffers) = step(
-                _rows(train, rows), _rows(frozen, rows), _rows(buffers, rows), x, y,
-                _rows(tensors, rows),
-            )  # fmt: skip
-            _put(train, rows, opt.step(_rows(train, rows), grads, rows, s + 1))
-            _put(buffers, rows, new_buffers)
-            total[rows] += loss
-            lo = hi
-    losses = (total / torch.tensor([max(c, 1) for c in counts], device=device)).tolist()
-    done = {}
-    for i, r in enumerate(sorted_reqs):
-        weights = {k: final[i][k] if k in final[i] else state[k][i] for k in r.start}
-        done[order[i]] = Done(weights, losses[i], r.rng)
-    return [done[i] for i in range(len(reqs))]
+            c.train, c.buffers, active = _keep(c.train, now), _keep(c.buffers, now), now
+            c.opt.keep(now)
+        for rows, size in c.runs(s, active):
+            c.step(rows, *c.batch(s, rows, size), c.opt.bias(s + 1))
+    return c.done(final)
+
+
+def train_graphed(reqs: Sequence[Request]) -> list[Done]:
+    """Train requests of one :meth:`Request.key` together as :func:`train_stacked` does, but
+    with a stack that never shrinks, so that a step has one shape (``engine.cuda_graphs``).
+
+    A step at which every client still training has a full batch (the largest batch size of
+    the requests) steps all the rows, a step mask keeping the done clients' rows as they are
+    (the done clients compute on a stand-in batch, whose result is dropped). On CUDA that
+    step is captured once as a CUDA graph (after warm-up steps on a side stream, whose effect
+    is then undone) and replayed at every such step: one launch a step instead of one a
+    kernel; its batch is picked on the device, from a table of sample indices, by the step
+    number it reads from a tensor. Elsewhere it runs as written (the tests' check of the
+    same arithmetic). The other steps (a client's short last batch of an epoch) run as in
+    :func:`train_stacked`, on the stack's rows in place."""
+    c = _Cohort(reqs, static=True)
+    n, steps = len(reqs), max(c.counts)
+    full = max(max(s, default=0) for s in c.sizes)
+    cuda = c.device.type == "cuda"
+    # the table of sample indices (into every client's inputs laid end to end) of each step
+    # and client, a short or absent batch padded with its client's first sample of the step
+    # (a done client's rows are masked: any valid index serves), and whether the client steps
+    offsets = [0, *itertools.accumulate(len(x) for x in c.xs)]
+    index = torch.zeros(steps, n, full, dtype=torch.long)
+    stepping = torch.zeros(steps, n, dtype=torch.bool)
+    for i in range(n):
+        k = c.counts[i]
+        sizes = torch.tensor(c.sizes[i], dtype=torch.long)
+        first = offsets[i] + torch.tensor(c.ends[i], dtype=torch.long) - sizes
+        offs = torch.arange(full).expand(k, full).minimum(sizes[:, None] - 1)
+        index[:k, i] = first[:, None] + offs
+        stepping[:k, i] = True
+    index, stepping = index.to(c.device), stepping.to(c.device)
+    pool_x, pool_y = torch.cat(c.xs), torch.cat(c.ys)
+    biases = torch.tensor([c.opt.bias(s + 1) for s in range(steps)], device=c.device)
+    now = torch.zeros(1, dtype=torch.long, device=c.device)  # the step number, for the graph
+    every = slice(0, n)
+
+    def masked() -> None:
+        idx = index.index_select(0, now).view(-1)
+        x = pool_x.index_select(0, idx).view(n, full, *pool_x.shape[1:])
+        y = pool_y.index_select(0, idx).view(n, full)
+        b = biases.index_select(0, now).view(-1)
+        c.step(every, x, y, (b[0], b[1]), stepping.index_select(0, now).view(-1))
+
+    regular = masked if not cuda else _graphed(masked, c)
+    for s in range(steps):
+        active = sum(k > s for k in c.counts)
+        if all(c.sizes[i][s] == full for i in range(active)):
+            now.fill_(s)
+            regular()
+        else:  # a short batch: the runs of this step's rows, unmasked, as train_stacked steps
+            for rows, size in c.runs(s, active):
+                c.step(rows, *c.batch(s, rows, size), c.opt.bias(s + 1))
+    return c.done([{} for _ in reqs])
+
+
+def _graphed(fn: Callable[[], None], c: _Cohort) -> Callable[[], None]:
+    """``fn`` (one step of the cohort ``c``, its tensors updated in place) captured as a CUDA
+    graph; its replay. The warm-up runs ``fn`` for real: the cohort's tensors are put back."""
+    state = [*c.train.values(), *c.buffers.values(), *c.opt.tensors(), c.total]
+    saved = [t.clone() for t in state]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # cuBLAS, cuDNN and autograd set up outside the capture
+        for _ in range(GRAPH_WARMUP):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch._foreach_copy_(state, saved)
+    return graph.replay
 
 
 def _last(req: Request) -> int:
@@ -451,13 +593,14 @@ def _order(req: Request) -> Tensor:
 class FunctionalOptimizer:
     """torch's SGD (momentum, weight decay), Adam and AdamW update rules on stacked parameters,
     each client with its own moments; ``train.grad_clip`` clips each client's gradient to its
-    own global norm first (torch's ``clip_grad_norm_``)."""
+    own global norm first (torch's ``clip_grad_norm_``). ``static``: the moments are updated in
+    place, never replaced (:class:`_Cohort`)."""
 
     BETAS = (0.9, 0.999)  # torch's defaults, which make_optimizer keeps
     EPS = 1e-8
 
-    def __init__(self, req: Request, params: dict[str, Tensor]):
-        self.kind, self.lr = req.optimizer, req.lr
+    def __init__(self, req: Request, params: dict[str, Tensor], static: bool = False):
+        self.kind, self.lr, self.static = req.optimizer, req.lr, static
         self.momentum, self.wd, self.max_norm = req.momentum, req.weight_decay, req.max_norm
         zeros = {k: torch.zeros_like(v) for k, v in params.items()}
         self.moments: list[dict[str, Tensor]] = []
@@ -466,25 +609,42 @@ class FunctionalOptimizer:
         elif self.momentum:
             self.moments = [zeros]
 
+    def bias(self, t: int) -> tuple[float, float]:
+        """Adam's step size and the square root of its second bias correction at step ``t``
+        (1-based), in double precision as torch's Adam computes them (SGD: unused)."""
+        b1, b2 = self.BETAS
+        return self.lr / (1 - b1**t), (1 - b2**t) ** 0.5
+
     def step(
-        self, params: dict[str, Tensor], grads: dict[str, Tensor], rows: slice, t: int
+        self,
+        params: dict[str, Tensor],
+        grads: dict[str, Tensor],
+        rows: slice,
+        bias: Bias,
+        mask: Tensor | None = None,
     ) -> dict[str, Tensor]:
-        """The parameters after step ``t`` (1-based, the same for every client stepping) of
-        the clients ``rows`` of the stack, given their gradients."""
+        """The parameters after a step of the clients ``rows`` of the stack, given their
+        gradients and :meth:`bias` of the step (the same for every client stepping: numbers,
+        or tensors a CUDA graph reads); with ``mask``, only the rows it marks update their
+        moments (the caller keeps their parameters)."""
         if self.max_norm is not None:
             grads = clipped(grads, self.max_norm)
         moments = [_rows(m, rows) for m in self.moments]
         if self.kind == "sgd":
             new = self._sgd(params, grads, moments)
         else:
-            new = self._adam(params, grads, moments, t)
+            new = self._adam(params, grads, moments, bias)
         for m, mine in zip(self.moments, moments, strict=True):
-            _put(m, rows, mine)
+            _put(m, rows, mine, self.static, mask)
         return new
 
     def keep(self, n: int) -> None:
         """Only the first ``n`` clients step from now on (the others are done)."""
         self.moments = [_keep(m, n) for m in self.moments]
+
+    def tensors(self) -> list[Tensor]:
+        """The moments' tensors."""
+        return [v for m in self.moments for v in m.values()]
 
     # torch._foreach_* (what torch's optimisers use on a GPU): each line below is one
     # operation over all the parameters, a kernel or two on a GPU rather than one per tensor
@@ -499,10 +659,9 @@ class FunctionalOptimizer:
             moments[0].update(zip(params, g, strict=True))
         return dict(zip(params, torch._foreach_add(p, g, alpha=-self.lr), strict=True))
 
-    def _adam(self, params: Weights, grads: Weights, moments: list[Weights], t: int) -> Weights:
+    def _adam(self, params: Weights, grads: Weights, moments: list[Weights], bias: Bias) -> Weights:
         b1, b2 = self.BETAS
-        step_size = self.lr / (1 - b1**t)
-        bc2_sqrt = (1 - b2**t) ** 0.5
+        step_size, bc2_sqrt = bias
         p: Tensors = list(params.values())
         g: Tensors = [grads[k] for k in params]
         if self.wd and self.kind == "adamw":
@@ -514,7 +673,8 @@ class FunctionalOptimizer:
         moments[0].update(zip(params, m, strict=True))
         moments[1].update(zip(params, v, strict=True))
         denom = torch._foreach_add(torch._foreach_div(torch._foreach_sqrt(v), bc2_sqrt), self.EPS)
-        return dict(zip(params, torch._foreach_addcdiv(p, m, denom, -step_size), strict=True))
+        step = torch._foreach_mul(torch._foreach_div(m, denom), step_size)
+        return dict(zip(params, torch._foreach_sub(p, step), strict=True))
 
 
 def _of(tree: Weights, like: Weights) -> list[Tensor]:
