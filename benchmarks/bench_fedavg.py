@@ -16,7 +16,10 @@ so that machine noise hits all alike; the ratios are of the medians:
 - with ``--vectorize`` (issue 56), also **in-process vectorised** and one **vectorised pool**
   per worker count: the same runners with ``engine.vectorize: true``
   (:mod:`pflkit.engine.vectorized`: each worker trains its share of the cohort as one
-  ``torch.func`` computation and scores the clients' models by one ``vmap``);
+  ``torch.func`` computation and scores the clients' models by one ``vmap``); with
+  ``--graphs`` too, **in-process graphed** and a **graphed pool** per worker count, those
+  runners with ``engine.cuda_graphs: true`` (on cpu, where nothing is captured, "masked": the
+  same fixed-shape steps run as written);
 - **tight loop**: plain PyTorch in this process, no pflkit code: per client, load the global
   weights, one epoch of SGD over its preloaded training tensors, keep a copy of the result
   (training only: no evaluation).
@@ -35,6 +38,10 @@ state too (a few MiB).
     python benchmarks/bench_fedavg.py [--rounds 3] [--workers 2] [--device cpu]
     python benchmarks/bench_fedavg.py --device cuda --workers 2,4,8   # issue 38: workers per GPU
     python benchmarks/bench_fedavg.py --vectorize --workers 2       # issue 56, side by side
+    python benchmarks/bench_fedavg.py --device cuda --vectorize --graphs --workers 8
+
+A contender whose round fails is reported (its error in one line) and left out; the others go
+on.
 
 Goals (issue 9): whole round with the process pool <= 0.8x the tight loop on 2 cores;
 evaluation <= 10% of the round.
@@ -182,7 +189,14 @@ def main() -> None:
         action="store_true",
         help="also the vectorised runners (engine.vectorize: true), in-process and per pool",
     )
+    ap.add_argument(
+        "--graphs",
+        action="store_true",
+        help="with --vectorize, also those runners with engine.cuda_graphs (cpu: uncaptured)",
+    )
     args = ap.parse_args()
+    if args.graphs and not args.vectorize:
+        ap.error("--graphs replays the vectorised runners' steps: give --vectorize too")
     try:
         counts = [int(w) for w in args.workers.split(",")]
     except ValueError:
@@ -208,6 +222,13 @@ def main() -> None:
             pool = ProcessPool(w, args.threads_per_worker, fresh=gpu, vectorize=True)
             name = "vectorised pool" if len(counts) == 1 else f"vectorised pool x{w}"
             contenders[name] = Simulation(cfg, data, pool)
+    if args.graphs:  # on cpu the same masked steps, uncaptured
+        kind = "graphed" if gpu else "masked"
+        contenders[f"in-process {kind}"] = Simulation(cfg, data, InProcess(True, graphs=True))
+        for w in counts:
+            pool = ProcessPool(w, args.threads_per_worker, fresh=gpu, vectorize=True, graphs=True)
+            name = f"{kind} pool" if len(counts) == 1 else f"{kind} pool x{w}"
+            contenders[name] = Simulation(cfg, data, pool)
     n_train = sum(len(c.train_y) for c in data.clients)
     print(
         f"fashion_mnist, 20 clients, dirichlet 0.1, cnn4, batch 10, device {args.device}: "
@@ -220,10 +241,17 @@ def main() -> None:
     peak: dict[str, float] = dict.fromkeys([*contenders, "tight loop"], 0.0)
     gpu_peak = dict(peak)
     tight: list[float] = []
+    failed: dict[str, str] = {}  # a contender that fails is reported and left out, not fatal
     for rnd in range(1, args.rounds + 1):
         line = []
-        for name, sim in contenders.items():
-            row = sim.run_round(rnd)
+        for name, sim in list(contenders.items()):
+            try:
+                row = sim.run_round(rnd)
+            except Exception as e:  # noqa: BLE001 (reported below, with its message)
+                failed[name] = f"failed in round {rnd}: {type(e).__name__}: {e}"
+                print(f"{name} {failed[name]}", flush=True)
+                contenders.pop(name).close()
+                continue
             rounds[name].append(row["seconds_train"] + row["seconds_eval"])
             evals[name].append(row["seconds_eval"])
             line.append(
@@ -262,6 +290,8 @@ def main() -> None:
         f"| tight loop | {m_tight:.2f} | 1.000x | {m_tight / base:.3f}x | - | "
         f"{peak['tight loop']:.0f} |" + (f" {gpu_peak['tight loop']:.0f} |" if gpu else "")
     )
+    for name, why in failed.items():
+        print(f"| {name} | {why} |")
     print("goals: whole round with the process pool <= 0.8x the tight loop; eval share <= 10%")
 
 

@@ -10,6 +10,9 @@ bare allocations, which launch no kernel. Each counted operation is one kernel l
 on a GPU. Both paths run in this process with one torch thread, the per-client path and
 ``engine.vectorize: true``, after one uncounted round; evaluation is off (``eval.every`` past
 the round), so the count is the training's: the clients' steps and their updates' checks.
+A third path, ``engine.cuda_graphs``' (:func:`~pflkit.engine.vectorized.train_graphed`), runs
+its fixed-shape steps uncaptured here and counts each step a CUDA graph would replay as one
+launch (``graph replay``), the operations of the other steps as they are.
 
     python benchmarks/vectorize_ops.py                  # the anchor (bench_fedavg.py's CONFIG)
     python benchmarks/vectorize_ops.py --subset 5000    # quicker
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fedavg import CONFIG  # noqa: E402
 
 from pflkit.data.federated import build_federated  # noqa: E402
+from pflkit.engine import vectorized  # noqa: E402
 from pflkit.engine.clients import InProcess  # noqa: E402
 from pflkit.engine.simulation import Simulation  # noqa: E402
 from pflkit.experiment import validate  # noqa: E402
@@ -53,21 +57,47 @@ class Dispatched(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
+        self.paused = False  # within a step a CUDA graph would replay (count_round)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func.overloadpacket.__name__
-        if not func.is_view and name not in NO_KERNEL:
+        if not self.paused and not func.is_view and name not in NO_KERNEL:
             self.counts[name] += 1
         return func(*args, **(kwargs or {}))
 
 
-def count_round(raw: dict, vectorize: bool) -> collections.Counter:
-    """The operations of round 2 of ``raw``'s experiment, in this process, by name."""
+def count_round(raw: dict, vectorize: bool, graphs: bool = False) -> collections.Counter:
+    """The operations of round 2 of ``raw``'s experiment, in this process, by name. With
+    ``graphs`` (``engine.cuda_graphs``' runner), a step that a CUDA graph replays on a GPU
+    counts as one ``graph replay``, whatever it dispatches here (its capture is not counted:
+    :data:`~pflkit.engine.vectorized.GRAPH_WARMUP` eager steps and one recorded, a training
+    computation)."""
     cfg = validate({**raw, "threads": 1, "eval": {"every": 10**6}})
-    sim = Simulation(cfg, build_federated(cfg.data), InProcess(vectorize=vectorize))
+    runner = InProcess(vectorize=vectorize, graphs=graphs)
+    sim = Simulation(cfg, build_federated(cfg.data), runner)
     sim.run_round(1)
-    with Dispatched() as mode:
-        sim.run_round(2)
+    mode = Dispatched()
+
+    def replayed(fn: Any, cohort: Any) -> Any:
+        mode.counts["graph capture"] += 1
+
+        def replay() -> None:
+            mode.paused = True
+            try:
+                fn()
+            finally:
+                mode.paused = False
+            mode.counts["graph replay"] += 1
+
+        return replay
+
+    real = vectorized._graphed
+    vectorized._graphed = replayed
+    try:
+        with mode:
+            sim.run_round(2)
+    finally:
+        vectorized._graphed = real
     return mode.counts
 
 
@@ -81,16 +111,16 @@ def main() -> None:
     if args.subset:
         raw["data"] = {**raw["data"], "subset": args.subset}
     torch.set_num_threads(1)
-    counts = {
-        name: count_round(raw, vec) for name, vec in (("per-client", False), ("vectorised", True))
-    }
+    paths = {"per-client": (False, False), "vectorised": (True, False), "graphed": (True, True)}
+    counts = {name: count_round(raw, *how) for name, how in paths.items()}
     print("| path | operations in a training round | most frequent |")
     print("|---|---:|---|")
+    total = {k: sum(v for n, v in c.items() if n != "graph capture") for k, c in counts.items()}
     for name, c in counts.items():
         top = ", ".join(f"{k} {v}" for k, v in c.most_common(5))
-        print(f"| {name} | {sum(c.values())} | {top} |")
-    ratio = sum(counts["per-client"].values()) / max(sum(counts["vectorised"].values()), 1)
-    print(f"per-client / vectorised: {ratio:.2f}x")
+        print(f"| {name} | {total[name]} | {top} |")
+    for name in ("vectorised", "graphed"):
+        print(f"per-client / {name}: {total['per-client'] / max(total[name], 1):.2f}x")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ auto``: one worker process per core with one torch thread each, and one thread i
 process; the numbers are read from the run's provenance.json); ``--pflkit-workers 1,2`` adds
 contenders with that many workers (1: in-process), ``--pflkit-threads N`` in-process ones with
 ``threads: N``, ``--pflkit-vectorize 1,8`` ones with ``engine.vectorize: true`` and that many
-workers (issue 56).
+workers, ``--pflkit-graphs 1,8`` those with ``engine.cuda_graphs: true`` too (issue 56; cuda).
 
 **Goal** (issue 38): pflkit's default round at least 2x faster than PFLlib's and 1.7x faster
 than FL-bench's on 2 CPU cores; on a GPU at least 5x faster than PFLlib's.
@@ -582,6 +582,14 @@ def build(
         )
         for w in args.pflkit_vectorize
     ]
+    variants += [
+        (
+            f"pflkit-g{w}",
+            f"pflkit vectorised, CUDA graphs, workers={w}",
+            {"engine": {"workers": w, "vectorize": True, "cuda_graphs": True}},
+        )
+        for w in args.pflkit_graphs
+    ]
     for key, label, extra in variants:
         raw = {**base, **extra}
         path = work / f"{key}.yaml"
@@ -682,6 +690,17 @@ class _Parser(argparse.ArgumentParser):
         raise Usage(f"{message} (see --help)")
 
 
+def _counts(value: str, flag: str, what: str, example: str) -> list[int]:
+    """A comma-separated list of positive counts, without repeats; one sentence if not."""
+    try:
+        counts = [int(c) for c in value.split(",") if c]
+    except ValueError:
+        counts = [0]
+    if any(c < 1 for c in counts):
+        raise Usage(f"{flag} {value!r}: give {what} counts, e.g. {example}")
+    return list(dict.fromkeys(counts))
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = _Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pfllib", type=Path, help="a PFLlib checkout (TsingZ0/PFLlib)")
@@ -708,6 +727,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="more pflkit contenders: engine.vectorize true with this many workers, e.g. 1,8",
     )
     ap.add_argument(
+        "--pflkit-graphs",
+        default="",
+        help="more pflkit contenders: --pflkit-vectorize's with engine.cuda_graphs true (cuda)",
+    )
+    ap.add_argument(
         "--turn-timeout", type=float, default=3600.0, help="seconds a turn may take (3600)"
     )
     args = ap.parse_args(argv)
@@ -722,29 +746,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         raise Usage(f"--rounds {args.rounds}: give at least 1 timed round")
     if args.subset is not None and args.subset < 1:
         raise Usage(f"--subset {args.subset}: give a positive number of training images")
-    try:
-        workers = [int(w) for w in args.pflkit_workers.split(",") if w]
-    except ValueError:
-        workers = [0]
-    if any(w < 1 for w in workers):
-        raise Usage(f"--pflkit-workers {args.pflkit_workers!r}: give worker counts, e.g. 1,2")
-    args.pflkit_workers = list(dict.fromkeys(workers))
-    try:
-        threads = [int(t) for t in args.pflkit_threads.split(",") if t]
-    except ValueError:
-        threads = [0]
-    if any(t < 1 for t in threads):
-        raise Usage(f"--pflkit-threads {args.pflkit_threads!r}: give thread counts, e.g. 1")
-    args.pflkit_threads = list(dict.fromkeys(threads))
-    try:
-        vec = [int(w) for w in args.pflkit_vectorize.split(",") if w]
-    except ValueError:
-        vec = [0]
-    if any(w < 1 for w in vec):
-        raise Usage(f"--pflkit-vectorize {args.pflkit_vectorize!r}: give worker counts, e.g. 1,8")
-    args.pflkit_vectorize = list(dict.fromkeys(vec))
+    args.pflkit_workers = _counts(args.pflkit_workers, "--pflkit-workers", "worker", "1,2")
+    args.pflkit_threads = _counts(args.pflkit_threads, "--pflkit-threads", "thread", "1")
+    args.pflkit_vectorize = _counts(args.pflkit_vectorize, "--pflkit-vectorize", "worker", "1,8")
+    args.pflkit_graphs = _counts(args.pflkit_graphs, "--pflkit-graphs", "worker", "1,8")
     if args.device not in ("cpu", "cuda"):
         raise Usage(f"--device {args.device!r}: choose cpu or cuda")
+    if args.pflkit_graphs and args.device != "cuda":
+        raise Usage("--pflkit-graphs: CUDA graphs need --device cuda")
     if args.turn_timeout <= 0:
         raise Usage(f"--turn-timeout {args.turn_timeout}: give a positive number of seconds")
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):

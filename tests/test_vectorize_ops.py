@@ -66,6 +66,17 @@ def test_a_tiny_round_dispatches_fewer_operations_vectorised(vo):
     assert per_client["addmm"] > 0 and vectorised["bmm"] > 0
 
 
+def test_a_graphed_round_counts_each_replayed_step_as_one_launch(vo):
+    """train_graphed's round: the steps a CUDA graph replays count one launch each (one
+    capture per training computation), far fewer than the vectorised round's operations."""
+    raw = tiny_config(train={"batch_size": 8})
+    vectorised = vo.count_round(raw, vectorize=True)
+    graphed = vo.count_round(raw, vectorize=True, graphs=True)
+    assert graphed["graph replay"] > 0 and graphed["graph capture"] == 1  # one computation
+    assert "graph replay" not in vectorised
+    assert sum(graphed.values()) < sum(vectorised.values()) / 2
+
+
 def test_a_subset_below_one_exits_2_in_one_sentence():
     r = subprocess.run(
         [sys.executable, str(BENCH / "vectorize_ops.py"), "--subset", "0"],

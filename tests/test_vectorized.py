@@ -212,6 +212,33 @@ def test_functional_optimiser_equals_torchs_with_a_step_mask(
             torch.testing.assert_close(out[i][k], p.detach(), rtol=1e-6, atol=1e-7)
 
 
+# -- CUDA graphs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_cuda_graphs_are_captured_replayed_and_equal_the_per_client_path(monkeypatch, workers):
+    """On CUDA, engine.cuda_graphs' runners (from the config, in this process and in a pool)
+    capture the masked step and replay it; the run equals the per-client one."""
+    captured = []
+    real = vectorized._graphed
+
+    def spy(fn, c):
+        replay = real(fn, c)
+        captured.append(replay is not fn)
+        return replay
+
+    monkeypatch.setattr(vectorized, "_graphed", spy)
+    train = {"client_fraction": 0.75, "momentum": 0.5, "weight_decay": 1e-3, "grad_clip": 1.0}
+    raw = tiny_config(train=train, device="cuda")
+    engine = {"workers": workers, "vectorize": True, "cuda_graphs": True}
+    runner = make_runner(validate({**raw, "engine": engine}))
+    assert runner.graphs
+    same(raw, runner=runner)
+    if workers == 1:  # a pool's workers capture in their own processes
+        assert captured and all(captured)
+
+
 # -- refusals and auto ------------------------------------------------------------------------------
 
 
@@ -233,6 +260,21 @@ def test_an_uncovered_algorithm_is_refused_in_one_sentence():
     # auto runs it per client, quietly
     auto = validate(tiny_config(algorithm={"name": "scaffold"}, engine={"vectorize": "auto"}))
     assert not make_runner(auto).vectorize
+
+
+def test_cuda_graphs_without_the_vectorised_engine_or_cuda_are_refused():
+    cfg = validate(tiny_config(engine={"cuda_graphs": True}))
+    with pytest.raises(PflkitError) as err:
+        make_runner(cfg)
+    assert str(err.value) == (
+        "engine.cuda_graphs: true replays the vectorised engine's steps, which this run does "
+        "not use (engine.vectorize: auto): set engine.vectorize: true, or engine.cuda_graphs: "
+        "false"
+    )
+    cfg = validate(tiny_config(engine={"vectorize": True, "cuda_graphs": True}, device="cpu"))
+    with pytest.raises(PflkitError, match="needs a CUDA device, and this run's device is 'cpu'"):
+        make_runner(cfg)
+    assert not make_runner(validate(tiny_config(engine={"vectorize": True}))).graphs
 
 
 def test_dp_sgd_and_dropout_models_are_refused():
@@ -257,5 +299,11 @@ def test_the_cli_refuses_in_one_sentence_and_writes_nothing(cli, tmp_path):
     r = cli("run", "c.yaml", *args, "--out", "bad", cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "algorithm 'scaffold' does not support engine.vectorize: true" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
+    args = ("--set", "engine.cuda_graphs=true", "--set", "device=cpu")
+    r = cli("run", "c.yaml", *args, "--out", "bad", cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "engine.cuda_graphs: true replays the vectorised engine's steps" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "bad").exists()

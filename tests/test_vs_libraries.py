@@ -230,6 +230,8 @@ def _checkouts(tmp_path: Path) -> list[str]:
         (["--pflkit-workers", "2,x"], "--pflkit-workers '2,x': give worker counts"),
         (["--pflkit-workers", "0"], "--pflkit-workers '0'"),
         (["--pflkit-threads", "one"], "--pflkit-threads 'one': give thread counts"),
+        (["--pflkit-graphs", "1,-8"], "--pflkit-graphs '1,-8': give worker counts"),
+        (["--pflkit-graphs", "1"], "--pflkit-graphs: CUDA graphs need --device cuda"),
         (["--device", "tpu"], "--device 'tpu': choose cpu or cuda"),
         (["--pfllib", "/nonexistent/PFLlib"], "--pfllib /nonexistent/PFLlib is not a PFLlib"),
         (["--flbench", "/nonexistent/FLB"], "--flbench /nonexistent/FLB is not an FL-bench"),
@@ -495,7 +497,7 @@ def test_the_contenders_of_an_algorithm_and_the_skipped_libraries(vs, tmp_path, 
     monkeypatch.setattr(vs.xc, "commit", lambda path: "abc1234")
     args = argparse.Namespace(
         pfllib=tmp_path / "P", flbench=None, python="refpy", device="cpu", out=tmp_path,
-        pflkit_workers=[2], pflkit_threads=[1], pflkit_vectorize=[],
+        pflkit_workers=[2], pflkit_threads=[1], pflkit_vectorize=[8], pflkit_graphs=[1],
     )  # fmt: skip
     raw = yaml.safe_load(vs.ANCHOR.read_text())
     raw["train"]["rounds"] = 4
@@ -506,7 +508,8 @@ def test_the_contenders_of_an_algorithm_and_the_skipped_libraries(vs, tmp_path, 
     cfg = validate(raw).dump()
     contenders, notes = vs.build("gpfl", args, cfg_path, cfg, tmp_path / "gpfl")
     assert notes == ["FL-bench has no gpfl: skipped"]
-    assert [c.key for c in contenders] == ["pfllib", "pflkit", "pflkit-w2", "pflkit-t1"]
+    keys = ["pfllib", "pflkit", "pflkit-w2", "pflkit-t1", "pflkit-v8", "pflkit-g1"]
+    assert [c.key for c in contenders] == keys
     ref = contenders[0].job
     assert ref.cmd[:3] == ["refpy", "-u", "main.py"] and ref.env["OMP_NUM_THREADS"] == "1"
     opts = dict(zip(ref.cmd[3::2], ref.cmd[4::2], strict=False))
@@ -519,6 +522,8 @@ def test_the_contenders_of_an_algorithm_and_the_skipped_libraries(vs, tmp_path, 
     assert "engine" not in written["pflkit"] and "threads" not in written["pflkit"]
     assert written["pflkit-w2"]["engine"] == {"workers": 2}
     assert written["pflkit-t1"]["threads"] == 1
+    assert written["pflkit-v8"]["engine"] == {"workers": 8, "vectorize": True}
+    assert written["pflkit-g1"]["engine"] == {"workers": 1, "vectorize": True, "cuda_graphs": True}
     # no library has the algorithm on this side: a sentence, not a traceback
     with pytest.raises(vs.Usage, match="no reference library runs pfedsim: give --flbench"):
         vs.build("pfedsim", args, cfg_path, cfg, tmp_path / "pfedsim")

@@ -113,17 +113,17 @@ def graphs(cfg: ExperimentConfig) -> bool:
     (``engine.cuda_graphs``); one sentence (:class:`PflkitError`) where it cannot."""
     if not cfg.engine.cuda_graphs:
         return False
-    device = resolve_device(cfg.device)
-    if not device.startswith("cuda"):
-        raise PflkitError(
-            f"engine.cuda_graphs: true needs a CUDA device, and this run's device is '{device}': "
-            "set device: cuda, or engine.cuda_graphs: false"
-        )
     if not enabled(cfg):
         raise PflkitError(
             "engine.cuda_graphs: true replays the vectorised engine's steps, which this run "
             f"does not use (engine.vectorize: {cfg.engine.vectorize}): set engine.vectorize: "
             "true, or engine.cuda_graphs: false"
+        )
+    device = resolve_device(cfg.device)
+    if not device.startswith("cuda"):
+        raise PflkitError(
+            f"engine.cuda_graphs: true needs a CUDA device, and this run's device is '{device}': "
+            "set device: cuda, or engine.cuda_graphs: false"
         )
     return True
 
@@ -522,7 +522,6 @@ def train_graphed(reqs: Sequence[Request]) -> list[Done]:
     c = _Cohort(reqs, static=True)
     n, steps = len(reqs), max(c.counts)
     full = max(max(s, default=0) for s in c.sizes)
-    cuda = c.device.type == "cuda"
     # the table of sample indices (into every client's inputs laid end to end) of each step
     # and client, a short or absent batch padded with its client's first sample of the step
     # (a done client's rows are masked: any valid index serves), and whether the client steps
@@ -549,11 +548,12 @@ def train_graphed(reqs: Sequence[Request]) -> list[Done]:
         b = biases.index_select(0, now).view(-1)
         c.step(every, x, y, (b[0], b[1]), stepping.index_select(0, now).view(-1))
 
-    regular = masked if not cuda else _graphed(masked, c)
+    regular: Callable[[], None] | None = None  # made at the first such step (if any)
     for s in range(steps):
         active = sum(k > s for k in c.counts)
         if all(c.sizes[i][s] == full for i in range(active)):
             now.fill_(s)
+            regular = regular or _graphed(masked, c)
             regular()
         else:  # a short batch: the runs of this step's rows, unmasked, as train_stacked steps
             for rows, size in c.runs(s, active):
@@ -563,10 +563,13 @@ def train_graphed(reqs: Sequence[Request]) -> list[Done]:
 
 def _graphed(fn: Callable[[], None], c: _Cohort) -> Callable[[], None]:
     """``fn`` (one step of the cohort ``c``, its tensors updated in place) captured as a CUDA
-    graph; its replay. The warm-up runs ``fn`` for real: the cohort's tensors are put back."""
+    graph on CUDA, and its replay; elsewhere ``fn`` itself. The warm-up runs ``fn`` for real:
+    the cohort's tensors are put back."""
+    if c.device.type != "cuda":
+        return fn
     state = [*c.train.values(), *c.buffers.values(), *c.opt.tensors(), c.total]
     saved = [t.clone() for t in state]
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # cuBLAS, cuDNN and autograd set up outside the capture
         for _ in range(GRAPH_WARMUP):
