@@ -29,7 +29,9 @@ per-client moments), with ``train.grad_clip``'s per-client clipping in between, 
 the stacked tensors: no gather or scatter per step (on a GPU, a kernel per tensor each).
 BatchNorm running statistics are buffers of each client's own slice.
 Numbers equal the per-client path's within float tolerance, not bit for bit: the batched
-kernels sum in another order.
+kernels sum in another order. With ``engine.cuda_graphs`` (:func:`train_graphed`) the stack
+never shrinks, and the steps at which every client still training has a full batch are one
+step of all the rows under a mask, captured on CUDA as one CUDA graph and replayed.
 
 Evaluation (:func:`evaluate_cohort`): the clients whose ``personal_model`` is a plain client
 model (no scoring wrapper, no ``eval.finetune_epochs``, not held out) are scored by one ``vmap`` of the model's forward over
