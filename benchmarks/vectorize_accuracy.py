@@ -18,6 +18,7 @@ thread (the accuracies do not change; the seconds are each run's own, taken whil
     python benchmarks/vectorize_accuracy.py --rounds 5 --algorithms fedavg,ditto \\
         --configs fmnist_practical_xc --subset 3000                     # a reduced one
     python benchmarks/vectorize_accuracy.py --jobs 2                    # two runs at a time
+    python benchmarks/vectorize_accuracy.py --graphs    # engine.cuda_graphs' masked steps
 
 Writes nothing but its table (stdout), one markdown row per (config, algorithm), and a
 progress line per run (stderr).
@@ -37,6 +38,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from pflkit.engine.clients import InProcess
 from pflkit.engine.simulation import Simulation
 from pflkit.engine.vectorized import covered
 from pflkit.experiment import validate
@@ -46,12 +48,14 @@ CONFIGS = ["fmnist_practical_xc", "fmnist_dir01_xc"]
 METRIC = "pers_acc_weighted"
 
 
-def final_accuracy(raw: dict, vectorize: bool) -> tuple[float, float, int]:
+def final_accuracy(raw: dict, vectorize: bool, graphs: bool = False) -> tuple[float, float, int]:
     """The last round's pooled personalized accuracy, the run's seconds and the pooled
-    test split's size."""
+    test split's size. ``graphs``: the vectorised runner with ``engine.cuda_graphs``' steps
+    (captured on cuda, run as written on cpu, where the config option is refused)."""
     cfg = validate({**raw, "engine": {"workers": 1, "vectorize": vectorize}})
+    runner = InProcess(vectorize, graphs) if graphs else None
     t0 = time.perf_counter()
-    with Simulation(cfg) as sim:
+    with Simulation(cfg, runner=runner) as sim:
         for rnd in range(1, cfg.train.rounds + 1):
             row = sim.run_round(rnd)
         pooled_test = int(sim.counts["test"].sum())
@@ -69,17 +73,24 @@ def within_noise(per_client: list[float], vectorised: list[float], pooled_test: 
     return abs(diff) <= max(2 * se, 1 / pooled_test)
 
 
-def run_all(units: list[tuple[dict, bool]], jobs: int) -> Iterator[tuple[float, float, int]]:
+def run_all(
+    units: list[tuple[dict, bool]], jobs: int, graphs: bool = False
+) -> Iterator[tuple[float, float, int]]:
     """``final_accuracy`` of every (config, vectorize) unit, in order: in this process, or in
-    ``jobs`` fresh processes with one thread each."""
+    ``jobs`` fresh processes with one thread each; ``graphs``: the vectorised units graphed."""
     if jobs == 1:
-        yield from (final_accuracy(raw, vec) for raw, vec in units)
+        yield from (final_accuracy(raw, vec, graphs and vec) for raw, vec in units)
         return
     ctx = get_context("spawn")
     with ProcessPoolExecutor(
         jobs, mp_context=ctx, initializer=torch.set_num_threads, initargs=(1,)
     ) as pool:
-        yield from pool.map(final_accuracy, [r for r, _ in units], [v for _, v in units])
+        yield from pool.map(
+            final_accuracy,
+            [r for r, _ in units],
+            [v for _, v in units],
+            [graphs and v for _, v in units],
+        )
 
 
 def fail(sentence: str) -> int:
@@ -98,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, help="data.num_clients (reduced runs)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time, one process each")
+    ap.add_argument(
+        "--graphs",
+        action="store_true",
+        help="the vectorised path with engine.cuda_graphs' steps (uncaptured on cpu)",
+    )
     args = ap.parse_args(argv)
     if args.jobs < 1:
         return fail(f"--jobs {args.jobs} is not a positive number of processes: e.g. --jobs 2")
@@ -112,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         return fail(f"--seeds {args.seeds!r} is not a comma-separated list of integers: e.g. 0,1,2")
     torch.set_num_threads(1)
+    other = "graphed" if args.graphs else "vectorised"
     print(
-        f"| config | algorithm | per-client ({METRIC}, seeds {args.seeds}) | vectorised | "
-        "mean diff | seed sd | within noise | seconds per-client / vectorised |"
+        f"| config | algorithm | per-client ({METRIC}, seeds {args.seeds}) | {other} | "
+        f"mean diff | seed sd | within noise | seconds per-client / {other} |"
     )
     print("|---|---|---|---|---|---|---|---|")
     groups = []  # (config, algorithm, the seed-by-seed (raw, vectorize) units)
@@ -131,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         for algo in algorithms:
             raws = [{**base, "seed": seed, "algorithm": {"name": algo}} for seed in seeds]
             groups.append((name, algo, [(raw, vec) for raw in raws for vec in (False, True)]))
-    results = run_all([unit for *_, units in groups for unit in units], args.jobs)
+    results = run_all([unit for *_, units in groups for unit in units], args.jobs, args.graphs)
     for name, algo, units in groups:
         acc: dict[bool, list[float]] = {False: [], True: []}
         secs: dict[bool, float] = {False: 0.0, True: 0.0}
@@ -139,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             a, s, pooled = next(results)
             acc[vec].append(a)
             secs[vec] += s
-            path = "vectorised" if vec else "per-client"
+            path = other if vec else "per-client"
             print(f"{name} {algo} seed {raw['seed']} {path}: {a:.4f} in {s:.0f} s", file=sys.stderr)
         diff = statistics.mean(acc[True]) - statistics.mean(acc[False])
         sd = statistics.stdev(acc[False]) if len(seeds) > 1 else 0.0

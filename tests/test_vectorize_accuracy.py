@@ -41,7 +41,8 @@ def test_row_from_canned_runs(va, monkeypatch, capsys):
     canned = {(0, False): 0.90, (1, False): 0.92, (2, False): 0.94}
     canned |= {(0, True): 0.91, (1, True): 0.92, (2, True): 0.96}
 
-    def fake(raw, vectorize):
+    def fake(raw, vectorize, graphs=False):
+        assert not graphs
         seen.append((raw["seed"], raw["algorithm"]["name"], raw["train"]["rounds"], vectorize))
         return canned[raw["seed"], vectorize], 10.0 + vectorize, 1_000
 
@@ -70,11 +71,36 @@ def test_row_from_canned_runs(va, monkeypatch, capsys):
     ],
 )
 def test_bad_input_exits_2_with_one_sentence_and_no_table(va, monkeypatch, capsys, argv, words):
-    monkeypatch.setattr(va, "final_accuracy", lambda raw, vec: pytest.fail("trained"))
+    monkeypatch.setattr(va, "final_accuracy", lambda *a: pytest.fail("trained"))
     assert va.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("error: ") and words in err and err.count("\n") == 1
+
+
+def test_graphs_run_the_second_path_graphed(va, monkeypatch, capsys):
+    seen = []
+
+    def fake(raw, vectorize, graphs=False):
+        seen.append((vectorize, graphs))
+        return 0.5, 1.0, 1_000
+
+    monkeypatch.setattr(va, "final_accuracy", fake)
+    argv = ["--configs", "fmnist_practical_xc", "--algorithms", "fedavg", "--seeds", "0,1"]
+    assert va.main([*argv, "--graphs"]) == 0
+    assert seen == [(False, False), (True, True)] * 2
+    out, err = capsys.readouterr()
+    assert "| graphed |" in out.splitlines()[0] and "seed 1 graphed: 0.5000" in err
+
+
+def test_graphs_equal_the_per_client_path_on_a_tiny_real_run(va, capsys):
+    """The masked steps (uncaptured on cpu) against the per-client path: one round, the
+    same accuracy seed by seed."""
+    argv = ["--configs", "fmnist_practical_xc", "--algorithms", "fedavg", "--rounds", "1"]
+    argv += ["--subset", "300", "--clients", "3", "--seeds", "0", "--graphs"]
+    assert va.main(argv) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split("|")
+    assert row[3].strip() == row[4].strip() and row[5].strip() in ("+0.0000", "-0.0000")
 
 
 def test_jobs_give_the_rows_of_one_process_seed_by_seed(va, capsys):

@@ -578,8 +578,15 @@ def _graphed(fn: Callable[[], None], c: _Cohort) -> Callable[[], None]:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    try:  # thread_local: another thread's CUDA calls (a copy to disk) do not break the capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            fn()
+    except RuntimeError as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PflkitError(
+            f"engine.cuda_graphs: the vectorised step could not be captured as a CUDA graph "
+            f"({why}): set engine.cuda_graphs: false"
+        ) from e
     torch._foreach_copy_(state, saved)
     return graph.replay
 
