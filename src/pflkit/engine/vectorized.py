@@ -525,8 +525,8 @@ def train_graphed(reqs: Sequence[Request]) -> list[Done]:
     n, steps = len(reqs), max(c.counts)
     full = max(max(s, default=0) for s in c.sizes)
     # the table of sample indices (into every client's inputs laid end to end) of each step
-    # and client, a short or absent batch padded with its client's first sample of the step
-    # (a done client's rows are masked: any valid index serves), and whether the client steps
+    # and client, and whether the client steps: a short batch is padded with its last sample
+    # (such a step runs unmasked, off the table), a done client's batch is sample 0 (masked)
     offsets = [0, *itertools.accumulate(len(x) for x in c.xs)]
     index = torch.zeros(steps, n, full, dtype=torch.long)
     stepping = torch.zeros(steps, n, dtype=torch.bool)
