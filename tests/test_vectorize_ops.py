@@ -67,12 +67,13 @@ def test_a_tiny_round_dispatches_fewer_operations_vectorised(vo):
 
 
 def test_a_graphed_round_counts_each_replayed_step_as_one_launch(vo):
-    """train_graphed's round: the steps a CUDA graph replays count one launch each (one
-    capture per training computation), far fewer than the vectorised round's operations."""
+    """train_graphed's round: the steps a CUDA graph replays count one launch each (a capture
+    per number of rows stepped), far fewer than the vectorised round's operations."""
     raw = tiny_config(train={"batch_size": 8})
     vectorised = vo.count_round(raw, vectorize=True)
     graphed = vo.count_round(raw, vectorize=True, graphs=True)
-    assert graphed["graph replay"] > 0 and graphed["graph capture"] == 1  # one computation
+    # one computation of 3 clients: a graph of 4 rows, then 2 and 1 as clients finish
+    assert graphed["graph replay"] > 0 and 1 <= graphed["graph capture"] <= 3
     assert "graph replay" not in vectorised
     assert sum(graphed.values()) < sum(vectorised.values()) / 2
 

@@ -215,6 +215,53 @@ def test_functional_optimiser_equals_torchs_with_a_step_mask(
 # -- CUDA graphs -------------------------------------------------------------------------------------
 
 
+def test_graphed_steps_take_the_fewest_rows_a_power_of_two_allows(monkeypatch):
+    """train_graphed's masked steps on 12 clients of unequal sizes: each steps the first m
+    rows, m the number of clients still training rounded up to a power of two (at most 12),
+    and those clients are the first rows (the stack sorted by step count)."""
+    seen = []
+    real = vectorized._Cohort.step
+
+    def step(self, rows, x, y, bias, mask=None):
+        if mask is not None:
+            seen.append((rows.stop, mask.tolist()))
+        real(self, rows, x, y, bias, mask)
+
+    monkeypatch.setattr(vectorized._Cohort, "step", step)
+    raw = tiny_config(data={"num_clients": 12, "partition": {"name": "dirichlet", "alpha": 0.3}})
+    run(raw, True, rounds=1, runner=graphed(True))
+    assert seen
+    sizes = set()
+    for m, mask in seen:
+        active = sum(mask)
+        assert mask == [True] * active + [False] * (m - active)
+        assert m == min(12, 1 << (active - 1).bit_length())
+        sizes.add(m)
+    assert len(sizes) > 1  # the stack steps fewer rows as clients finish
+
+
+def test_graphed_batchnorm_rows_of_done_clients_keep_their_statistics(monkeypatch):
+    """LeNet5-BN, 6 clients of unequal sizes, drop_last (every step masked): steps whose rows
+    include done clients (3 training: 4 rows) leave those clients' running statistics, and
+    everything else, as the per-client path has them."""
+    partly = []
+    real = vectorized._Cohort.step
+
+    def step(self, rows, x, y, bias, mask=None):
+        if mask is not None and not bool(mask.all()):
+            partly.append(rows.stop)
+        real(self, rows, x, y, bias, mask)
+
+    monkeypatch.setattr(vectorized._Cohort, "step", step)
+    raw = tiny_config(
+        data={"dataset": "fashion_mnist", "subset": 600, "num_clients": 6},
+        model={"name": "lenet5_bn", "options": {}},
+        train={"batch_size": 16, "momentum": 0.5, "drop_last": True},
+    )
+    same(raw, rounds=1, runner=graphed(True))
+    assert partly  # the mask kept some done client's rows
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("workers", [1, 2])
 def test_cuda_graphs_are_captured_replayed_and_equal_the_per_client_path(monkeypatch, workers):

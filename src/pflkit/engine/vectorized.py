@@ -510,17 +510,20 @@ def train_stacked(reqs: Sequence[Request]) -> list[Done]:
 
 def train_graphed(reqs: Sequence[Request]) -> list[Done]:
     """Train requests of one :meth:`Request.key` together as :func:`train_stacked` does, but
-    with a stack that never shrinks, so that a step has one shape (``engine.cuda_graphs``).
+    on a stack that never shrinks, so that steps have a few fixed shapes
+    (``engine.cuda_graphs``).
 
     A step at which every client still training has a full batch (the largest batch size of
-    the requests) steps all the rows, a step mask keeping the done clients' rows as they are
-    (the done clients compute on a stand-in batch, whose result is dropped). On CUDA that
-    step is captured once as a CUDA graph (after warm-up steps on a side stream, whose effect
-    is then undone) and replayed at every such step: one launch a step instead of one a
-    kernel; its batch is picked on the device, from a table of sample indices, by the step
-    number it reads from a tensor. Elsewhere it runs as written (the tests' check of the
-    same arithmetic). The other steps (a client's short last batch of an epoch) run as in
-    :func:`train_stacked`, on the stack's rows in place."""
+    the requests) steps the stack's first ``m`` rows, ``m`` the number of those clients
+    rounded up to a power of two (at most all rows): a step mask keeps the rows of the done
+    clients among them as they are (they compute on a stand-in batch, whose result is
+    dropped). On CUDA the step of each ``m`` is captured as a CUDA graph the first time it is
+    needed (after warm-up steps on a side stream, whose effect is then undone) and replayed at
+    every such step: one launch a step instead of one a kernel; its batch is picked on the
+    device, from a table of sample indices, by the step number it reads from a tensor.
+    Elsewhere it runs as written (the tests' check of the same arithmetic). The other steps (a
+    client's short last batch of an epoch) run as in :func:`train_stacked`, on the stack's
+    rows in place."""
     c = _Cohort(reqs, static=True)
     n, steps = len(reqs), max(c.counts)
     full = max(max(s, default=0) for s in c.sizes)
@@ -541,22 +544,28 @@ def train_graphed(reqs: Sequence[Request]) -> list[Done]:
     pool_x, pool_y = torch.cat(c.xs), torch.cat(c.ys)
     biases = torch.tensor([c.opt.bias(s + 1) for s in range(steps)], device=c.device)
     now = torch.zeros(1, dtype=torch.long, device=c.device)  # the step number, for the graph
-    every = slice(0, n)
 
-    def masked() -> None:
-        idx = index.index_select(0, now).view(-1)
-        x = pool_x.index_select(0, idx).view(n, full, *pool_x.shape[1:])
-        y = pool_y.index_select(0, idx).view(n, full)
-        b = biases.index_select(0, now).view(-1)
-        c.step(every, x, y, (b[0], b[1]), stepping.index_select(0, now).view(-1))
+    def masked(m: int) -> Callable[[], None]:
+        """The masked step of the first ``m`` rows, at step ``now``."""
 
-    regular: Callable[[], None] | None = None  # made at the first such step (if any)
+        def step() -> None:
+            idx = index.index_select(0, now)[0, :m].reshape(-1)
+            x = pool_x.index_select(0, idx).view(m, full, *pool_x.shape[1:])
+            y = pool_y.index_select(0, idx).view(m, full)
+            b = biases.index_select(0, now)[0]
+            c.step(slice(0, m), x, y, (b[0], b[1]), stepping.index_select(0, now)[0, :m])
+
+        return step
+
+    regular: dict[int, Callable[[], None]] = {}  # the masked step of m rows, made when needed
     for s in range(steps):
         active = sum(k > s for k in c.counts)
         if all(c.sizes[i][s] == full for i in range(active)):
+            m = min(n, 1 << (active - 1).bit_length())
             now.fill_(s)
-            regular = regular or _graphed(masked, c)
-            regular()
+            if m not in regular:
+                regular[m] = _graphed(masked(m), c)
+            regular[m]()
         else:  # a short batch: the runs of this step's rows, unmasked, as train_stacked steps
             for rows, size in c.runs(s, active):
                 c.step(rows, *c.batch(s, rows, size), c.opt.bias(s + 1))
