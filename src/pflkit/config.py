@@ -305,9 +305,9 @@ class EngineConfig(_Section):
     # declare vectorize = True). auto: per client for now (slower on CPU; not yet measured on
     # a GPU, docs/benchmarks.md)
     vectorize: bool | Literal["auto"] = "auto"
-    # with engine.vectorize: true on a CUDA device, each training computation's steps at which
-    # every client still training has a full batch are one CUDA graph, captured once a round
-    # and replayed (one launch a step, not one a kernel; pflkit.engine.vectorized.train_graphed)
+    # with engine.vectorize: true on a CUDA device, the training steps at which every client
+    # still training has a full batch are CUDA graphs, captured in each round and replayed
+    # (one launch a step, not one a kernel; pflkit.engine.vectorized.train_graphed)
     cuda_graphs: bool = False
 
     @field_validator("state_memory", mode="before")

@@ -30,8 +30,8 @@ the stacked tensors: no gather or scatter per step (on a GPU, a kernel per tenso
 BatchNorm running statistics are buffers of each client's own slice.
 Numbers equal the per-client path's within float tolerance, not bit for bit: the batched
 kernels sum in another order. With ``engine.cuda_graphs`` (:func:`train_graphed`) the stack
-never shrinks, and the steps at which every client still training has a full batch are one
-step of all the rows under a mask, captured on CUDA as one CUDA graph and replayed.
+never shrinks, and a step at which every client still training has a full batch steps a
+power of two of the first rows under a mask, captured on CUDA as a CUDA graph and replayed.
 
 Evaluation (:func:`evaluate_cohort`): the clients whose ``personal_model`` is a plain client
 model (no scoring wrapper, no ``eval.finetune_epochs``, not held out) are scored by one ``vmap`` of the model's forward over
