@@ -66,12 +66,16 @@ class Dispatched(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+NOT_OPERATIONS = ("graph capture", "replayed rows")  # count_round's other figures
+
+
 def count_round(raw: dict, vectorize: bool, graphs: bool = False) -> collections.Counter:
     """The operations of round 2 of ``raw``'s experiment, in this process, by name. With
     ``graphs`` (``engine.cuda_graphs``' runner), a step that a CUDA graph replays on a GPU
-    counts as one ``graph replay``, whatever it dispatches here (its capture is not counted:
-    :data:`~pflkit.engine.vectorized.GRAPH_WARMUP` eager steps and one recorded, a training
-    computation)."""
+    counts as one ``graph replay``, whatever it dispatches here. Not operations
+    (:data:`NOT_OPERATIONS`): ``graph capture``, the graphs captured (each
+    :data:`~pflkit.engine.vectorized.GRAPH_WARMUP` eager steps, not counted, and one
+    recorded), and ``replayed rows``, the clients' rows the replayed steps stepped."""
     cfg = validate({**raw, "threads": 1, "eval": {"every": 10**6}})
     runner = InProcess(vectorize=vectorize, graphs=graphs)
     sim = Simulation(cfg, build_federated(cfg.data), runner)
@@ -88,16 +92,22 @@ def count_round(raw: dict, vectorize: bool, graphs: bool = False) -> collections
             finally:
                 mode.paused = False
             mode.counts["graph replay"] += 1
+            mode.counts["replayed rows"] += cohort.rows_stepped  # set by the step just run
 
         return replay
 
-    real = vectorized._graphed
-    vectorized._graphed = replayed
+    real, real_step = vectorized._graphed, vectorized._Cohort.step
+
+    def step(self: Any, rows: slice, *args: Any) -> None:
+        self.rows_stepped = rows.stop - rows.start  # what a replay now steps
+        real_step(self, rows, *args)
+
+    vectorized._graphed, vectorized._Cohort.step = replayed, step
     try:
         with mode:
             sim.run_round(2)
     finally:
-        vectorized._graphed = real
+        vectorized._graphed, vectorized._Cohort.step = real, real_step
     return mode.counts
 
 
@@ -115,12 +125,16 @@ def main() -> None:
     counts = {name: count_round(raw, *how) for name, how in paths.items()}
     print("| path | operations in a training round | most frequent |")
     print("|---|---:|---|")
-    total = {k: sum(v for n, v in c.items() if n != "graph capture") for k, c in counts.items()}
-    for name, c in counts.items():
+    ops = {k: collections.Counter({n: v for n, v in c.items() if n not in NOT_OPERATIONS})
+           for k, c in counts.items()}  # fmt: skip
+    for name, c in ops.items():
         top = ", ".join(f"{k} {v}" for k, v in c.most_common(5))
-        print(f"| {name} | {total[name]} | {top} |")
+        print(f"| {name} | {c.total()} | {top} |")
     for name in ("vectorised", "graphed"):
-        print(f"per-client / {name}: {total['per-client'] / max(total[name], 1):.2f}x")
+        print(f"per-client / {name}: {ops['per-client'].total() / max(ops[name].total(), 1):.2f}x")
+    g = counts["graphed"]
+    print(f"graphed: {g['graph capture']} graphs captured; {g['graph replay']} replayed steps "
+          f"stepped {g['replayed rows']} clients' rows")  # fmt: skip
 
 
 if __name__ == "__main__":
