@@ -8,11 +8,18 @@ from mutate import Break
 V = "tests/test_vectorized.py"
 FEDAVG = (
     f"{V}::test_one_step_equals_the_per_client_path[fedavg]",
-    f"{V}::test_two_rounds_equal_the_per_client_path[fedavg]",
+    f"{V}::test_two_rounds_equal_the_per_client_path[fedavg-stacked]",
 )
-DITTO = (f"{V}::test_two_rounds_equal_the_per_client_path[ditto]",)
-BN = (f"{V}::test_adam_batchnorm_augmentation_and_stragglers",)
+DITTO = (f"{V}::test_two_rounds_equal_the_per_client_path[ditto-stacked]",)
+BN = (f"{V}::test_adam_batchnorm_augmentation_and_stragglers[stacked]",)
 OPT = (f"{V}::test_functional_optimiser_equals_torchs_with_a_step_mask",)
+# engine.cuda_graphs' masked steps (train_graphed), run uncaptured on CPU
+GRAPHED = (
+    f"{V}::test_two_rounds_equal_the_per_client_path[fedavg-graphed]",
+    f"{V}::test_adam_batchnorm_augmentation_and_stragglers[graphed]",
+    f"{V}::test_graphed_batchnorm_rows_of_done_clients_keep_their_statistics",
+    f"{V}::test_graphed_steps_take_the_fewest_rows_a_power_of_two_allows",
+)
 F = "engine/vectorized.py"
 
 BREAKS = [
@@ -36,8 +43,8 @@ BREAKS = [
         "fedavg",
         "vectorised: the step mask drops a client one step early (its last batch untrained)",
         F,
-        "        now = sum(c > s for c in counts)",
-        "        now = sum(c > s + 1 for c in counts)",
+        "        now = sum(n > s for n in c.counts)",
+        "        now = sum(n > s + 1 for n in c.counts)",
         (*FEDAVG, *BN),
     ),
     Break(
@@ -60,16 +67,16 @@ BREAKS = [
         "fedavg",
         "vectorised: BatchNorm statistics not kept per client (the step's update dropped)",
         F,
-        "            _put(buffers, rows, new_buffers)\n",
+        "        _put(self.buffers, rows, buffers, self.static, mask)\n",
         "",
-        BN,
+        (*BN, *GRAPHED),
     ),
     Break(
         "fedavg",
         "vectorised: Adam without the second moment's bias correction",
         F,
-        "        bc2_sqrt = (1 - b2**t) ** 0.5\n",
-        "        bc2_sqrt = 1.0\n",
+        "        return self.lr / (1 - b1**t), (1 - b2**t) ** 0.5\n",
+        "        return self.lr / (1 - b1**t), 1.0\n",
         (*OPT, *BN),
     ),
     Break(
@@ -79,5 +86,69 @@ BREAKS = [
         "            torch.set_rng_state(d.rng)\n",
         "",
         DITTO,
+    ),
+    Break(
+        "fedavg",
+        "graphed: the step mask dropped from the parameters' write (done clients train on)",
+        F,
+        "_put(self.train, rows, self.opt.step(train, grads, rows, bias, mask), self.static, mask)",
+        "_put(self.train, rows, self.opt.step(train, grads, rows, bias, mask), self.static, None)",
+        GRAPHED,
+    ),
+    Break(
+        "fedavg",
+        "graphed: the step mask dropped from the BatchNorm statistics' write",
+        F,
+        "        _put(self.buffers, rows, buffers, self.static, mask)\n",
+        "        _put(self.buffers, rows, buffers, self.static, None)\n",
+        GRAPHED,
+    ),
+    Break(
+        "fedavg",
+        "graphed: a done client's stand-in loss summed into its training loss",
+        F,
+        "        self.total[rows] += loss if mask is None else loss * mask\n",
+        "        self.total[rows] += loss\n",
+        GRAPHED,
+    ),
+    Break(
+        "fedavg",
+        "graphed: client i's batches fed to client i + 1 (the index table's rows shifted)",
+        F,
+        "        index[:k, i] = first[:, None] + offs\n",
+        "        index[:k, (i + 1) % n] = first[:, None] + offs\n",
+        GRAPHED,
+    ),
+    Break(
+        "fedavg",
+        "graphed: a step with a short batch run as a masked full-batch step (padding trained)",
+        F,
+        "        if all(c.sizes[i][s] == full for i in range(active)):\n",
+        "        if True:\n",
+        GRAPHED,
+    ),
+    Break(
+        "fedavg",
+        "graphed: the step number the graph reads not advanced (step 0's batch every time)",
+        F,
+        "            now.fill_(s)\n",
+        "            now.fill_(0)\n",
+        GRAPHED,
+    ),
+    Break(
+        "fedavg",
+        "graphed: fewer rows stepped than clients still training (the power of two too small)",
+        F,
+        "            m = min(n, 1 << (active - 1).bit_length())\n",
+        "            m = min(n, 1 << (active - 1).bit_length()) - (active > 2)\n",
+        GRAPHED,
+    ),
+    Break(
+        "fedavg",
+        "graphed: Adam's bias corrections of step 1 at every masked step",
+        F,
+        "            b = biases.index_select(0, now)[0]\n",
+        "            b = biases[0]\n",
+        GRAPHED,
     ),
 ]
