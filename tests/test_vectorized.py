@@ -324,6 +324,22 @@ def test_cuda_graphs_without_the_vectorised_engine_or_cuda_are_refused():
     assert not make_runner(validate(tiny_config(engine={"vectorize": True}))).graphs
 
 
+@pytest.mark.parametrize("runner", ["ray", "flower"])
+def test_runners_other_than_this_process_or_the_pool_are_refused(runner):
+    """Before any runner is made: engine.vectorize: true, and engine.cuda_graphs: true
+    (which needs it), on a runner that cannot honour them."""
+    cfg = validate(tiny_config(engine={"runner": runner, "vectorize": True}))
+    with pytest.raises(PflkitError) as err:
+        Simulation(cfg)
+    assert str(err.value) == (
+        "engine.vectorize: true runs in this process or the process pool, not on "
+        f"engine.runner: {runner}: set engine.vectorize: false"
+    )
+    cfg = validate(tiny_config(engine={"runner": runner, "cuda_graphs": True}))
+    with pytest.raises(PflkitError, match="engine.cuda_graphs: true replays the vectorised"):
+        Simulation(cfg)
+
+
 def test_dp_sgd_and_dropout_models_are_refused():
     dp = {"sample_dp": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}}
     cfg = validate(tiny_config(privacy=dp, engine={"vectorize": True}))

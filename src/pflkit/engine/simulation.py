@@ -142,6 +142,7 @@ class Simulation:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         algorithm_of(cfg)  # parsed once (validate did); bad parameters fail before the data load
+        vectorized.check(cfg)  # engine.vectorize, engine.cuda_graphs: whatever the runner
         self.runner = runner if runner is not None else runner_for(cfg)
         # where client states live, decided once: here (jobs carry them, checkpoints hold
         # them) or where the runner's clients run (Flower's nodes: jobs carry none)

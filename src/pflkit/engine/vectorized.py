@@ -134,9 +134,18 @@ def why_not(cfg: ExperimentConfig) -> str | None:
     """Why the vectorised path cannot run ``cfg`` whatever its algorithm (None: it can)."""
     if cfg.privacy.sample_dp is not None:
         return "cannot run privacy.sample_dp's per-sample clipping (DP-SGD runs per client)"
-    if cfg.engine.runner == "ray":
-        return "runs in this process or the process pool, not on engine.runner: ray"
+    if cfg.engine.runner not in ("pool", "in-process"):
+        return (
+            f"runs in this process or the process pool, not on engine.runner: {cfg.engine.runner}"
+        )
     return None
+
+
+def check(cfg: ExperimentConfig) -> None:
+    """Refuse, in one sentence (:class:`PflkitError`), ``engine.vectorize: true`` or
+    ``engine.cuda_graphs: true`` where they cannot run, whatever the runner."""
+    enabled(cfg)
+    graphs(cfg)
 
 
 def check_models(env: ServerEnv) -> None:
