@@ -358,15 +358,19 @@ def test_the_cli_refuses_in_one_sentence_and_writes_nothing(cli, tmp_path):
     import yaml
 
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config()))
-    args = ("--set", "algorithm.name=scaffold", "--set", "engine.vectorize=true")
-    r = cli("run", "c.yaml", *args, "--out", "bad", cwd=tmp_path)
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "algorithm 'scaffold' does not support engine.vectorize: true" in r.stderr
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "bad").exists()
-    args = ("--set", "engine.cuda_graphs=true", "--set", "device=cpu")
-    r = cli("run", "c.yaml", *args, "--out", "bad", cwd=tmp_path)
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "engine.cuda_graphs: true replays the vectorised engine's steps" in r.stderr
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "bad").exists()
+    for sets, said in [
+        (
+            ("algorithm.name=scaffold", "engine.vectorize=true"),
+            "algorithm 'scaffold' does not support engine.vectorize: true",
+        ),
+        (
+            ("engine.cuda_graphs=true", "device=cpu"),
+            "engine.cuda_graphs: true replays the vectorised engine's steps",
+        ),
+    ]:
+        args = [a for s in sets for a in ("--set", s)]
+        r = cli("run", "c.yaml", *args, "--out", "bad", cwd=tmp_path)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert said in r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "bad").exists()
