@@ -537,19 +537,17 @@ def train_graphed(reqs: Sequence[Request]) -> list[Done]:
     n, steps = len(reqs), max(c.counts)
     full = max(max(s, default=0) for s in c.sizes)
     # the table of sample indices (into every client's inputs laid end to end) of each step
-    # and client, and whether the client steps: a short batch is padded with its last sample
-    # (such a step runs unmasked, off the table), a done client's batch is sample 0 (masked)
+    # and client: a short batch is padded with its last sample (such a step runs unmasked, off
+    # the table), a done client's batch is sample 0 (masked: a client steps while now < count)
     offsets = [0, *itertools.accumulate(len(x) for x in c.xs)]
     index = torch.zeros(steps, n, full, dtype=torch.long)
-    stepping = torch.zeros(steps, n, dtype=torch.bool)
     for i in range(n):
         k = c.counts[i]
         sizes = torch.tensor(c.sizes[i], dtype=torch.long)
         first = offsets[i] + torch.tensor(c.ends[i], dtype=torch.long) - sizes
         offs = torch.arange(full).expand(k, full).minimum(sizes[:, None] - 1)
         index[:k, i] = first[:, None] + offs
-        stepping[:k, i] = True
-    index, stepping = index.to(c.device), stepping.to(c.device)
+    index, counts = index.to(c.device), torch.tensor(c.counts, device=c.device)
     pool_x, pool_y = torch.cat(c.xs), torch.cat(c.ys)
     biases = torch.tensor([c.opt.bias(s + 1) for s in range(steps)], device=c.device)
     now = torch.zeros(1, dtype=torch.long, device=c.device)  # the step number, for the graph
@@ -562,7 +560,7 @@ def train_graphed(reqs: Sequence[Request]) -> list[Done]:
             x = pool_x.index_select(0, idx).view(m, full, *pool_x.shape[1:])
             y = pool_y.index_select(0, idx).view(m, full)
             b = biases.index_select(0, now)[0]
-            c.step(slice(0, m), x, y, (b[0], b[1]), stepping.index_select(0, now)[0, :m])
+            c.step(slice(0, m), x, y, (b[0], b[1]), counts[:m] > now)
 
         return step
 
