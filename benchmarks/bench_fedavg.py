@@ -216,17 +216,13 @@ def main() -> None:
         pool = ProcessPool(w, args.threads_per_worker, fresh=gpu)
         name = "process pool" if len(counts) == 1 else f"pool x{w}"
         contenders[name] = Simulation(cfg, data, pool)
-    if args.vectorize:
-        contenders["in-process vectorised"] = Simulation(cfg, data, InProcess(vectorize=True))
-        for w in counts:
-            pool = ProcessPool(w, args.threads_per_worker, fresh=gpu, vectorize=True)
-            name = "vectorised pool" if len(counts) == 1 else f"vectorised pool x{w}"
-            contenders[name] = Simulation(cfg, data, pool)
+    kinds = [("vectorised", False)] if args.vectorize else []
     if args.graphs:  # on cpu the same masked steps, uncaptured
-        kind = "graphed" if gpu else "masked"
-        contenders[f"in-process {kind}"] = Simulation(cfg, data, InProcess(True, graphs=True))
+        kinds.append(("graphed" if gpu else "masked", True))
+    for kind, graphs in kinds:
+        contenders[f"in-process {kind}"] = Simulation(cfg, data, InProcess(True, graphs))
         for w in counts:
-            pool = ProcessPool(w, args.threads_per_worker, fresh=gpu, vectorize=True, graphs=True)
+            pool = ProcessPool(w, args.threads_per_worker, gpu, vectorize=True, graphs=graphs)
             name = f"{kind} pool" if len(counts) == 1 else f"{kind} pool x{w}"
             contenders[name] = Simulation(cfg, data, pool)
     n_train = sum(len(c.train_y) for c in data.clients)
