@@ -9,6 +9,8 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from conftest import tiny_config
 from pflkit.engine import vectorized
@@ -260,6 +262,84 @@ def test_graphed_batchnorm_rows_of_done_clients_keep_their_statistics(monkeypatc
     )
     same(raw, rounds=1, runner=graphed(True))
     assert partly  # the mask kept some done client's rows
+
+
+# what a CUDA graph cannot hold: a copy to the host (item, bool, int), an operation whose output
+# size depends on values (nonzero and those built on it) or a tensor made from host data
+SYNCS = {
+    "_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "allclose",
+    "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave", "lift_fresh",
+    "lift_fresh_copy",
+}  # fmt: skip
+
+
+class Replays(TorchDispatchMode):
+    """The operations that reach torch's backend while a step runs (below autograd and
+    ``vmap``), each as a CUDA graph would hold it: its name, and for each argument a number's
+    value, or a tensor's shape and dtype and, where the tensor comes from outside the step,
+    its address (a graph reads such tensors where they were at capture)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.made, self.outside = [], set(), set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        sig = []
+        for a in tree_flatten((args, kwargs))[0]:
+            if not isinstance(a, torch.Tensor):
+                sig.append(repr(a))
+                continue
+            storage = a.untyped_storage().data_ptr()
+            if storage not in self.made:
+                self.outside.add(storage)
+            where = a.data_ptr() if storage in self.outside else "made"
+            sig.append((tuple(a.shape), a.dtype, where))
+        out = func(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.outside:
+                self.made.add(t.untyped_storage().data_ptr())
+        self.ops.append((func.overloadpacket.__name__, tuple(sig)))
+        return out
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam_bn"])
+def test_graphed_steps_could_be_captured_and_replayed(monkeypatch, kind):
+    """On CPU, what a CUDA capture would refuse or replay wrongly: every call of a step that
+    train_graphed captures (one a row count m) makes no host synchronisation and no tensor from
+    host data, and runs the same operations on the same shapes, numbers and outside tensors (the
+    stack, the tables, the step number: their addresses) as the first call."""
+    calls: dict[int, list] = {}
+
+    def record(fn, c):
+        runs = calls.setdefault(len(calls), [])
+
+        def step():
+            with Replays() as mode:
+                fn()
+            runs.append(mode.ops)
+
+        return step
+
+    monkeypatch.setattr(vectorized, "_graphed", record)
+    if kind == "sgd":
+        raw = tiny_config(
+            data={"num_clients": 12, "partition": {"name": "dirichlet", "alpha": 0.3}},
+            train={"momentum": 0.5, "weight_decay": 1e-3, "grad_clip": 1.0},
+        )
+    else:
+        raw = tiny_config(
+            data={"dataset": "fashion_mnist", "subset": 600, "num_clients": 6},
+            model={"name": "lenet5_bn", "options": {}},
+            train={"optimizer": "adam", "lr": 1e-3, "drop_last": True},
+        )
+    run(raw, True, rounds=1, runner=graphed(True))
+    assert any(len(runs) > 1 for runs in calls.values())  # a step replayed: something to compare
+    for runs in calls.values():
+        names = {name for name, _ in runs[0]}
+        assert not names & SYNCS, names & SYNCS
+        for later in runs[1:]:
+            assert later == runs[0]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
