@@ -244,6 +244,25 @@ def test_a_huge_count_on_the_command_line_is_one_sentence(cli, cfg_file, tmp_pat
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [("engine.vectorize=maybe", "engine.vectorize"), ("engine.workers=many", "engine.workers"),
+     ("eval.clients=x", "eval.clients")],
+)  # fmt: skip
+def test_a_value_that_fits_no_member_of_a_union_names_each_member(override, field):
+    """``bool | 'auto'`` and ``int | 'auto'``: the sentence says both kinds of value that fit,
+    not only the first member's."""
+    from pflkit.config_io import apply_overrides
+
+    with pytest.raises(PflkitError) as err:
+        validate(apply_overrides(tiny_config(), [override]))
+    said = str(err.value)
+    assert said.startswith(f"invalid config value '{field}' (got ")
+    first, second = said.split("; or ")
+    assert "should be a valid" in first
+    assert second in ("Input should be 'auto'", "Input should be 'all'")
+
+
 # -- 8. resuming a finished run ------------------------------------------------------------------
 
 

@@ -462,29 +462,37 @@ class ExperimentConfig(_Section):
 _UNION_TAGS = ("str", "int", "float", "bool", "ArchSpec")
 
 
+def _plain(loc: tuple[Any, ...]) -> list[Any]:
+    """``loc`` without the union members' tags, which are no config keys."""
+    return [
+        p
+        for p in loc
+        if not (
+            isinstance(p, str)
+            and (p in _UNION_TAGS or p.startswith(("literal[", "list[", "function-")))
+        )
+    ]
+
+
 def _describe(err: ValidationError) -> str:
     errors = err.errors()
     # a value that fits no member of a union (model.per_client's `name | {name, options,
     # count}`, say) has one error per member, each under the member's tag: the deepest one
-    # (a bad field of the dict) says most, and the tags are no config keys
+    # (a bad field of the dict) says most; members as deep (engine.vectorize's `bool | 'auto'`)
+    # each name a value that fits, so all of them are said
     e = max(errors, key=lambda e: len(e["loc"]))  # the first of the deepest
-    loc = e["loc"]
-    if len(errors) > 1:
-        loc = [
-            p
-            for p in loc
-            if not (
-                isinstance(p, str)
-                and (p in _UNION_TAGS or p.startswith(("literal[", "list[", "function-")))
-            )
-        ]
+    loc = _plain(e["loc"]) if len(errors) > 1 else list(e["loc"])
     where = ".".join(str(p) for p in loc) or "config"
     value = e.get("input")
     shown = "" if isinstance(value, dict) else f" (got {value!r})"
-    msg = e["msg"].removeprefix("Value error, ")  # our validators' sentences stand alone
     if e["type"] == "extra_forbidden":
         return f"unknown config key '{where}': remove it or check its spelling"
-    return f"invalid config value '{where}'{shown}: {msg}"
+    msgs = [
+        o["msg"].removeprefix("Value error, ")  # our validators' sentences stand alone
+        for o in errors
+        if len(o["loc"]) == len(e["loc"]) and _plain(o["loc"]) == loc
+    ]
+    return f"invalid config value '{where}'{shown}: {'; or '.join(dict.fromkeys(msgs))}"
 
 
 def parse(raw: dict[str, Any]) -> ExperimentConfig:
