@@ -273,15 +273,20 @@ SYNCS = {
 }  # fmt: skip
 
 
+def storage_of(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
 class Replays(TorchDispatchMode):
     """The operations that reach torch's backend while a step runs (below autograd and
     ``vmap``), each as a CUDA graph would hold it: its name, and for each argument a number's
     value, or a tensor's shape and dtype and, where the tensor comes from outside the step,
-    its address (a graph reads such tensors where they were at capture)."""
+    its address (a graph reads such tensors where they were at capture); and the outside
+    tensors written (their storages)."""
 
     def __init__(self):
         super().__init__()
-        self.ops, self.made, self.outside = [], set(), set()
+        self.ops, self.made, self.outside, self.written = [], set(), set(), set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -290,15 +295,22 @@ class Replays(TorchDispatchMode):
             if not isinstance(a, torch.Tensor):
                 sig.append(repr(a))
                 continue
-            storage = a.untyped_storage().data_ptr()
+            storage = storage_of(a)
             if storage not in self.made:
                 self.outside.add(storage)
             where = a.data_ptr() if storage in self.outside else "made"
             sig.append((tuple(a.shape), a.dtype, where))
+        names = [a.name for a in func._schema.arguments]  # args: the first of them
+        named = {**dict(zip(names, args, strict=False)), **kwargs}
+        for a in func._schema.arguments:  # the outside tensors the operation writes
+            if a.alias_info is not None and a.alias_info.is_write:
+                for t in tree_flatten(named.get(a.name))[0]:
+                    if isinstance(t, torch.Tensor) and storage_of(t) in self.outside:
+                        self.written.add(storage_of(t))
         out = func(*args, **kwargs)
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.outside:
-                self.made.add(t.untyped_storage().data_ptr())
+            if isinstance(t, torch.Tensor) and storage_of(t) not in self.outside:
+                self.made.add(storage_of(t))
         self.ops.append((func.overloadpacket.__name__, tuple(sig)))
         return out
 
@@ -307,18 +319,21 @@ class Replays(TorchDispatchMode):
 def test_graphed_steps_could_be_captured_and_replayed(monkeypatch, kind):
     """On CPU, what a CUDA capture would refuse or replay wrongly: every call of a step that
     train_graphed captures (one a row count m) makes no host synchronisation and no tensor from
-    host data, and runs the same operations on the same shapes, numbers and outside tensors (the
-    stack, the tables, the step number: their addresses) as the first call."""
+    host data, runs the same operations on the same shapes, numbers and outside tensors (the
+    stack, the tables, the step number: their addresses) as the first call, and writes only
+    tensors that the capture's warm-up puts back (_Cohort.written)."""
     calls: list[list] = []  # each captured step's calls: their operations
 
     def record(fn, c):
         runs: list = []
         calls.append(runs)
+        restored = {storage_of(t) for t in c.written()}  # what _graphed undoes after warm-up
 
         def step():
             with Replays() as mode:
                 fn()
             runs.append(mode.ops)
+            assert mode.written and mode.written <= restored
 
         return step
 

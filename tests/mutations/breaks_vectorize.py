@@ -180,4 +180,20 @@ BREAKS = [
         "        if rows.start == 0 and rows.stop == len(tree[k]):\n",
         REPLAY,
     ),
+    Break(
+        "fedavg",
+        "graphed: the loss sums not put back after the capture's warm-up (the warm-up steps' losses counted)",
+        F,
+        "        return [*self.train.values(), *self.buffers.values(), *self.opt.tensors(), self.total]\n",
+        "        return [*self.train.values(), *self.buffers.values(), *self.opt.tensors()]\n",
+        REPLAY,
+    ),
+    Break(
+        "fedavg",
+        "graphed: the optimiser's moments not put back after the capture's warm-up",
+        F,
+        "        return [*self.train.values(), *self.buffers.values(), *self.opt.tensors(), self.total]\n",
+        "        return [*self.train.values(), *self.buffers.values(), self.total]\n",
+        REPLAY,
+    ),
 ]

@@ -480,6 +480,11 @@ class _Cohort:
         _put(self.buffers, rows, buffers, self.static, mask)
         self.total[rows] += loss if mask is None else loss * mask
 
+    def written(self) -> list[Tensor]:
+        """The tensors a step writes: the trained parameters, BatchNorm's buffers, the
+        optimiser's moments and the loss sums."""
+        return [*self.train.values(), *self.buffers.values(), *self.opt.tensors(), self.total]
+
     def done(self, final: Sequence[Weights]) -> list[Done]:
         """Every request's outcome in the requests' order, given each client's trained tensors
         (``final``, in stack order; a tensor not there is the client's row of the stack)."""
@@ -585,7 +590,7 @@ def _graphed(fn: Callable[[], None], c: _Cohort) -> Callable[[], None]:
     the cohort's tensors are put back."""
     if c.device.type != "cuda":
         return fn
-    state = [*c.train.values(), *c.buffers.values(), *c.opt.tensors(), c.total]
+    state = c.written()
     saved = [t.clone() for t in state]
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
