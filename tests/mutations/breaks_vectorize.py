@@ -48,8 +48,8 @@ BREAKS = [
         "fedavg",
         "vectorised: the step mask drops a client one step early (its last batch untrained)",
         F,
-        "        now = sum(n > s for n in c.counts)",
-        "        now = sum(n > s + 1 for n in c.counts)",
+        "        return sum(n > s for n in self.counts)",
+        "        return sum(n > s + 1 for n in self.counts)",
         (*FEDAVG, *BN),
     ),
     Break(

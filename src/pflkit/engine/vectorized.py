@@ -451,6 +451,10 @@ class _Cohort:
         self.counts = [len(r.batches) for r in self.reqs]
         self.total = torch.zeros(len(reqs), device=self.device)  # each client's summed loss
 
+    def active(self, s: int) -> int:
+        """The number of clients with a step ``s``: they are the first rows."""
+        return sum(n > s for n in self.counts)
+
     def runs(self, s: int, active: int) -> Iterator[tuple[slice, int]]:
         """The runs of rows (and their batch size) among the first ``active`` at step ``s``."""
         lo = 0
@@ -512,7 +516,7 @@ def train_stacked(reqs: Sequence[Request]) -> list[Done]:
 
     active = len(reqs)
     for s in range(max(c.counts) + 1):
-        now = sum(n > s for n in c.counts)  # the clients with a step s: the first rows
+        now = c.active(s)
         if now < active:
             finish(now, active)
             c.train, c.buffers, active = _keep(c.train, now), _keep(c.buffers, now), now
@@ -571,7 +575,7 @@ def train_graphed(reqs: Sequence[Request]) -> list[Done]:
 
     regular: dict[int, Callable[[], None]] = {}  # the masked step of m rows, made when needed
     for s in range(steps):
-        active = sum(k > s for k in c.counts)
+        active = c.active(s)
         if all(c.sizes[i][s] == full for i in range(active)):
             m = min(n, 1 << (active - 1).bit_length())
             now.fill_(s)
