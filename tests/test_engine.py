@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import shutil
 
 import numpy as np
@@ -133,6 +134,46 @@ def test_a_dead_worker_is_one_clear_error_not_a_hang(tiny):
         sim.run_round(2)
     assert sim.runner.executor is None  # every worker was stopped
     sim.close()
+
+
+@pytest.mark.parametrize("every", [0, 2])
+def test_a_run_a_dead_worker_stopped_says_how_to_continue_and_that_works(
+    tiny, tmp_path, monkeypatch, every
+):
+    cfg = tiny(train={"rounds": 4}, engine={"workers": 2}, output={"checkpoint_every": every})
+    full = run_experiment(
+        cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"workers": 1})}),
+        out=tmp_path / "full",
+    )
+    real = Simulation.run_round
+
+    def kill_workers_in_round_3(self, rnd):
+        if rnd == 3:
+            for proc in list(self.runner.executor._processes.values()):
+                proc.kill()
+        return real(self, rnd)
+
+    monkeypatch.setattr(Simulation, "run_round", kill_workers_in_round_3)
+    cut = tmp_path / "cut"
+    with pytest.raises(PflkitError) as err:
+        run_experiment(cfg, out=cut)
+    how = (
+        f"to continue from its checkpoint of round 2: pflkit run --resume {cut} "
+        "--set engine.workers=1"
+        if every
+        else f"it has no checkpoint (output.checkpoint_every: 0): pflkit run --resume {cut} "
+        "--set engine.workers=1 runs it again from round 1"
+    )
+    assert str(err.value).endswith(
+        f"in round 3 (out of memory, or killed): set engine.workers: "
+        f"1 to run in this process; {how}"
+    )
+    assert f"stopped: {err.value}" in (cut / "run.log").read_text()
+    again = pickle.loads(pickle.dumps(err.value))  # as a compare's job process returns it
+    assert (str(again), again.setting) == (str(err.value), "engine.workers=1")
+    monkeypatch.setattr(Simulation, "run_round", real)
+    resumed = run_experiment(resume=cut, overrides=["engine.workers=1"])
+    assert strip_timing(resumed.rows) == strip_timing(full.rows)
 
 
 def test_train_weighting_sets_every_averaging_algorithm_and_refuses_a_clash(tiny, tmp_path):

@@ -24,7 +24,7 @@ from conftest import tiny_config
 from pflkit.engine import run_experiment
 from pflkit.engine.clients import ProcessPool
 from pflkit.engine.simulation import runner_for
-from pflkit.errors import PflkitError
+from pflkit.errors import PflkitError, WorkerLost
 from pflkit.experiment import validate
 
 
@@ -149,8 +149,9 @@ def test_a_dead_ray_worker_is_one_sentence_not_a_hang(cluster):
     try:
         sim.run_round(1)
         ray.kill(sim.runner.actors[0])
-        with pytest.raises(PflkitError, match="a Ray worker died while training in round 2"):
+        with pytest.raises(WorkerLost, match="a Ray worker died while training in round 2") as err:
             sim.run_round(2)
+        assert err.value.setting == "engine.runner=pool"  # what a run's sentence tells to set
         assert not sim.runner.actors  # the other actor was stopped too
     finally:
         sim.close()

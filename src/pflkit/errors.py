@@ -30,6 +30,19 @@ class RunInterrupted(PflkitError):
         return (type(self), (str(self), self.signal))
 
 
+class WorkerLost(PflkitError):
+    """A worker process or Ray actor died in the middle of a round (killed, out of memory, its
+    node gone): a fault, not a mistake. ``setting`` is the ``--set`` that avoids the kind of
+    worker that died; a run adds how to continue it with that setting."""
+
+    def __init__(self, message: str, setting: str):
+        super().__init__(message)
+        self.setting = setting
+
+    def __reduce__(self) -> tuple[type[WorkerLost], tuple[str, str]]:
+        return (type(self), (str(self), self.setting))
+
+
 def unknown_name(
     kind: str, name: str, known: Iterable[str], listing: str = "pflkit list"
 ) -> PflkitError:

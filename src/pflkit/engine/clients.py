@@ -56,7 +56,7 @@ from pflkit.devices import resolve_device
 from pflkit.engine import vectorized, worker
 from pflkit.engine.runners import RUNNERS
 from pflkit.engine.schedule import lr_factor
-from pflkit.errors import PflkitError
+from pflkit.errors import PflkitError, WorkerLost
 from pflkit.eval.evaluate import finetuned
 from pflkit.eval.metrics import resolve as resolve_metrics
 from pflkit.eval.metrics import score_split
@@ -668,9 +668,10 @@ class ProcessPool(ClientRunner):
             replies = {cid: futures[cid].result() for cid in futures}
         except BrokenProcessPool:
             self.close(kill=True)
-            raise PflkitError(
+            raise WorkerLost(
                 f"a worker process died while {what} in round {rnd} (out of memory, or killed): "
-                "set engine.workers: 1 to run in this process"
+                "set engine.workers: 1 to run in this process",
+                "engine.workers=1",
             ) from None
         except BaseException:  # Ctrl-C or a failed submit: stop every worker now
             self.close(kill=True)

@@ -49,7 +49,7 @@ from pflkit.engine.clients import (
     unpack_replies,
 )
 from pflkit.engine.runners import RUNNERS
-from pflkit.errors import PflkitError
+from pflkit.errors import PflkitError, WorkerLost
 
 NEEDS_RAY = "engine.runner: ray needs Ray: pip install 'pflkit[ray]'"
 CONNECT_TIMEOUT = 10.0  # seconds to reach a cluster's address before giving up
@@ -229,7 +229,7 @@ class RayRunner(ClientRunner):
             replies = dict(enumerate(ray.get(refs)))
         except Exception as err:
             self.close(kill=True)
-            raise PflkitError(_died("starting", 0, err)) from None
+            raise WorkerLost(_died("starting", 0, err), "engine.runner=pool") from None
         nodes = unpack_replies(
             replies, "a Ray worker", "building its clients", 0, lambda: self.close(kill=True)
         )
@@ -285,7 +285,7 @@ class RayRunner(ClientRunner):
             ) from None
         except ray.exceptions.RayError as err:  # the actor or its node died, an object lost
             self.close(kill=True)
-            raise PflkitError(_died(what, rnd, err)) from None
+            raise WorkerLost(_died(what, rnd, err), "engine.runner=pool") from None
         except BaseException:  # Ctrl-C or a failed submit: stop every actor now
             self.close(kill=True)
             raise

@@ -46,7 +46,7 @@ from pflkit.engine.folder import (
     write_atomic,
 )
 from pflkit.engine.simulation import Simulation
-from pflkit.errors import PflkitError, RunInterrupted
+from pflkit.errors import PflkitError, RunInterrupted, WorkerLost
 from pflkit.experiment import validate
 from pflkit.report.provenance import record as record_provenance
 from pflkit.report.summary import summarize
@@ -291,6 +291,17 @@ def _stopped_mid_round(run_dir: Path, resume: bool) -> RunInterrupted:
     )
 
 
+def _after_fault(run_dir: Path, kept: int, setting: str) -> str:
+    """How to go on with a run a lost worker stopped, from its checkpoint of round ``kept``
+    (0: none)."""
+    command = f"pflkit run --resume {run_dir} --set {setting}"
+    if kept:
+        return f"to continue from its checkpoint of round {kept}: {command}"
+    return (
+        f"it has no checkpoint (output.checkpoint_every: 0): {command} runs it again from round 1"
+    )
+
+
 def _run(
     sim: Simulation, cfg: ExperimentConfig, run_dir: Path, resume: bool, progress: bool | None
 ) -> RunResult:
@@ -329,6 +340,7 @@ def _run_locked(
     report = Reporter(run_dir, cfg, rows, sim.round, show)
     every = cfg.output.checkpoint_every
     stop = StopSignals()
+    kept = sim.round  # the round of the checkpoint a resume would continue from
     try:
         with stop, metrics_path.open("a") as f:
             for rnd in range(sim.round + 1, cfg.train.rounds + 1):
@@ -339,6 +351,7 @@ def _run_locked(
                 report.round(row)
                 if every and (rnd % every == 0 or rnd == cfg.train.rounds):
                     sim.save(run_dir / CHECKPOINT, fp)
+                    kept = rnd
                 why = diverged(row, cfg.train)
                 if why:
                     sim.save(run_dir / CHECKPOINT, fp)
@@ -358,6 +371,10 @@ def _run_locked(
     except KeyboardInterrupt:  # a second Ctrl-C: stop now, in the middle of a round
         report.close("stopped in the middle of a round (second Ctrl-C)")
         raise _stopped_mid_round(run_dir, resume) from None
+    except WorkerLost as err:  # a fault: the sentence says how to go on
+        lost = WorkerLost(f"{err}; {_after_fault(run_dir, kept, err.setting)}", err.setting)
+        report.close(f"stopped: {lost}")
+        raise lost from None
     except BaseException as err:
         report.close(f"stopped: {err}")
         raise
