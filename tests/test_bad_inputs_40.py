@@ -432,3 +432,24 @@ def test_ctrl_c_while_data_loads_and_after_the_last_round(cli, cfg_file, tmp_pat
     r = cli("run", str(cfg_file), "--out", "r", cwd=tmp_path)
     one_sentence(r, "interrupted (Ctrl-C) after the last round: the run finished", 130)
     assert (tmp_path / "r" / "summary.json").exists()
+
+
+def test_python_api_misuse_is_one_sentence_and_a_dict_is_a_config(tmp_path):
+    from pflkit import load_config, run_experiment
+
+    raw = tiny_config(train={"rounds": 1})
+    cfg = load_config(raw, ["train.lr=0.2"])  # a dict is what a YAML file holds
+    assert (cfg.train.lr, cfg.train.rounds, raw["train"]["lr"]) == (0.2, 1, 0.05)  # raw untouched
+    assert load_config(raw) == validate(raw)
+    with pytest.raises(PflkitError, match=r"^overrides is one string \('train.lr=0.2'\): give a "):
+        load_config(raw, "train.lr=0.2")  # type: ignore[arg-type]
+    with pytest.raises(PflkitError, match="^run_experiment needs a config"):
+        run_experiment()
+    with pytest.raises(PflkitError, match=r"^run_experiment\(cfg\) takes no overrides"):
+        run_experiment(cfg, out=tmp_path / "new", overrides=["train.rounds=2"])
+    run_experiment(cfg, out=tmp_path / "run", progress=False)
+    with pytest.raises(PflkitError, match="drop cfg and out"):
+        run_experiment(cfg, resume=tmp_path / "run")
+    with pytest.raises(PflkitError, match="drop cfg and out"):
+        run_experiment(out=tmp_path / "other", resume=tmp_path / "run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing half-written

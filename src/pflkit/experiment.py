@@ -11,6 +11,7 @@ processes, Flower's apps) gets the same checks in the same order.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,17 +82,27 @@ def algorithm_of(cfg: ExperimentConfig) -> TypedAlgorithm:
 
 
 def load_config(
-    path: str | Path | None,
+    path: str | Path | Mapping[str, Any] | None,
     overrides: list[str] | None = None,
     plugins: list[str] | None = None,
     algorithms: str | None = None,
 ) -> ExperimentConfig:
     """Read a YAML config (``path``: a file, or the name of an example bundled with pflkit,
-    e.g. ``"quickstart"``: :func:`pflkit.examples.resolve`) or start from defaults, apply
-    overrides, add ``plugins`` (module names, e.g. from ``--import``) to its ``plugins`` list,
+    e.g. ``"quickstart"``: :func:`pflkit.examples.resolve`), take a dict of what such a file
+    holds, or start from defaults (None); apply ``overrides`` (a list of ``key=value``
+    strings), add ``plugins`` (module names, e.g. from ``--import``) to its ``plugins`` list,
     choose ``compare.algorithms`` from ``algorithms`` (``--algorithms``;
     :func:`pflkit.config_io.select_algorithms`), validate."""
-    raw = apply_overrides(read_yaml(resolve(path)) if path is not None else {}, overrides or [])
+    if isinstance(overrides, str):
+        raise PflkitError(
+            f"overrides is one string ('{overrides}'): give a list of key=value strings, "
+            f"e.g. ['{overrides}']"
+        )
+    if isinstance(path, Mapping):
+        raw = dict(path)  # apply_overrides copies it
+    else:
+        raw = read_yaml(resolve(path)) if path is not None else {}
+    raw = apply_overrides(raw, overrides or [])
     if algorithms:
         raw = select_algorithms(raw, algorithms)
     if plugins:

@@ -188,15 +188,27 @@ def run_experiment(
     runner: ClientRunner | None = None,
     force: bool = False,
 ) -> RunResult:
-    """Run ``cfg`` into a new run folder, or continue the run in ``resume``. ``runner`` runs
+    """Run ``cfg`` into a new run folder ``out`` (default: a new folder under ``runs/``), or
+    continue the run in ``resume`` with ``overrides`` (``key=value`` strings). ``runner`` runs
     the client work (default: what ``engine.workers`` asks for; :mod:`pflkit.flower` passes
     its Flower runner). ``force``: run even what the pre-flight check
     (:mod:`pflkit.engine.limits`) finds past this machine."""
     if resume is not None:
+        if cfg is not None or out is not None:
+            raise PflkitError(
+                "run_experiment(resume=...) takes the config and the folder from the run "
+                "folder: drop cfg and out (give changes as overrides=['key=value'])"
+            )
         run_dir = Path(resume)
         cfg = resume_config(run_dir, overrides or [])
     else:
-        assert cfg is not None, "give a config or a run folder to resume"
+        if cfg is None:
+            raise PflkitError("run_experiment needs a config (load_config) or resume=RUN_FOLDER")
+        if overrides:
+            raise PflkitError(
+                "run_experiment(cfg) takes no overrides (they are for resume=): apply them "
+                "with load_config(path, overrides)"
+            )
         run_dir = new_run_dir(cfg, out)
     # validates and builds everything before anything is written
     check_trackers(cfg)
