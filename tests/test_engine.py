@@ -136,7 +136,7 @@ def test_a_dead_worker_is_one_clear_error_not_a_hang(tiny):
     sim.close()
 
 
-@pytest.mark.parametrize("every", [0, 2])
+@pytest.mark.parametrize("every", [0, 2, 3])  # 3: its first checkpoint not yet written
 def test_a_run_a_dead_worker_stopped_says_how_to_continue_and_that_works(
     tiny, tmp_path, monkeypatch, every
 ):
@@ -157,13 +157,12 @@ def test_a_run_a_dead_worker_stopped_says_how_to_continue_and_that_works(
     cut = tmp_path / "cut"
     with pytest.raises(PflkitError) as err:
         run_experiment(cfg, out=cut)
-    how = (
-        f"to continue from its checkpoint of round 2: pflkit run --resume {cut} "
-        "--set engine.workers=1"
-        if every
-        else f"it has no checkpoint (output.checkpoint_every: 0): pflkit run --resume {cut} "
-        "--set engine.workers=1 runs it again from round 1"
-    )
+    command = f"pflkit run --resume {cut} --set engine.workers=1"
+    how = {
+        0: f"it has no checkpoint (output.checkpoint_every: 0): {command} runs it again from round 1",
+        2: f"to continue from its checkpoint of round 2: {command}",
+        3: f"it has no checkpoint: {command} runs it again from round 1",
+    }[every]
     assert str(err.value).endswith(
         f"in round 3 (out of memory, or killed): set engine.workers: "
         f"1 to run in this process; {how}"

@@ -303,15 +303,14 @@ def _stopped_mid_round(run_dir: Path, resume: bool) -> RunInterrupted:
     )
 
 
-def _after_fault(run_dir: Path, kept: int, setting: str) -> str:
+def _after_fault(run_dir: Path, kept: int, every: int, setting: str) -> str:
     """How to go on with a run a lost worker stopped, from its checkpoint of round ``kept``
-    (0: none)."""
+    (0: none, ``every``: output.checkpoint_every)."""
     command = f"pflkit run --resume {run_dir} --set {setting}"
     if kept:
         return f"to continue from its checkpoint of round {kept}: {command}"
-    return (
-        f"it has no checkpoint (output.checkpoint_every: 0): {command} runs it again from round 1"
-    )
+    why = "" if every else " (output.checkpoint_every: 0)"
+    return f"it has no checkpoint{why}: {command} runs it again from round 1"
 
 
 def _run(
@@ -384,7 +383,7 @@ def _run_locked(
         report.close("stopped in the middle of a round (second Ctrl-C)")
         raise _stopped_mid_round(run_dir, resume) from None
     except WorkerLost as err:  # a fault: the sentence says how to go on
-        lost = WorkerLost(f"{err}; {_after_fault(run_dir, kept, err.setting)}", err.setting)
+        lost = WorkerLost(f"{err}; {_after_fault(run_dir, kept, every, err.setting)}", err.setting)
         report.close(f"stopped: {lost}")
         raise lost from None
     except BaseException as err:
