@@ -98,3 +98,16 @@ def test_every_client_skipped_by_on_nan_stops(tmp_path, monkeypatch):
     cfg = validate(tiny_config(train={"on_nan": "skip_client"}))
     with pytest.raises(PflkitError, match=r"every selected client .* diverged \(train.on_nan"):
         run_experiment(cfg, out=tmp_path / "skipped")
+
+
+def test_a_stopped_run_prints_its_sentence_once_and_run_log_keeps_it(cli, tmp_path):
+    """With plain progress (stdout not a terminal), the stop sentence is the CLI's error line
+    only, not also a progress line before it; run.log records it."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(json.dumps(tiny_config(system={"dropout": 0.99}, output={"progress": True})))
+    r = cli("run", str(cfg), "--out", "empty", cwd=tmp_path)
+    sentence = "in round 1 every selected client dropped out"
+    assert r.returncode == 2
+    assert (r.stdout + r.stderr).count(sentence) == 1, r.stdout + r.stderr
+    assert f"error: {sentence}" in r.stderr.replace("\n", " ")
+    assert f"stopped: {sentence}" in (tmp_path / "empty" / "run.log").read_text()

@@ -12,6 +12,7 @@ sentence and exit with code 2.
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated
 
 import typer
@@ -58,6 +59,18 @@ app.add_typer(analyze.analyze, name="analyze")
 app.command(name="list")(catalog.list_)
 app.add_typer(catalog.examples, name="examples")
 app.add_typer(flower.flower, name="flower")
+
+
+def _listed_in_one_paragraph(*apps: typer.Typer) -> None:
+    """A command list shows each command's first paragraph with the docstring's line breaks
+    (typer's rich help keeps them): list it as one paragraph, rewrapped to the terminal."""
+    for each in apps:
+        for info in each.registered_commands:
+            doc = info.help or inspect.getdoc(info.callback) or ""
+            info.short_help = info.short_help or " ".join(doc.split("\n\n")[0].split())
+
+
+_listed_in_one_paragraph(app, analyze.analyze, catalog.examples, flower.flower)
 
 
 def main() -> None:

@@ -380,14 +380,14 @@ def _run_locked(
                         stop.signal,
                     )
     except KeyboardInterrupt:  # a second Ctrl-C: stop now, in the middle of a round
-        report.close("stopped in the middle of a round (second Ctrl-C)")
+        report.close("stopped in the middle of a round (second Ctrl-C)", echo=False)
         raise _stopped_mid_round(run_dir, resume) from None
     except WorkerLost as err:  # a fault: the sentence says how to go on
         lost = WorkerLost(f"{err}; {_after_fault(run_dir, kept, every, err.setting)}", err.setting)
-        report.close(f"stopped: {lost}")
+        report.close(f"stopped: {lost}", echo=False)
         raise lost from None
     except BaseException as err:
-        report.close(f"stopped: {err}")
+        report.close(f"stopped: {err}", echo=False)
         raise
     report.close(f"finished after round {cfg.train.rounds}")
 

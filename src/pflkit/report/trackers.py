@@ -136,10 +136,10 @@ class Reporter:
         what = f"resumed after round {done}" if done else "started"
         self.message(f"{cfg.name}: {cfg.algorithm['name']}, seed {cfg.seed}, {what}")
 
-    def message(self, text: str) -> None:
+    def message(self, text: str, echo: bool = True) -> None:
         self.log_file.write(f"{datetime.now():%Y-%m-%d %H:%M:%S} {text}\n")
         self.log_file.flush()
-        if self.plain:
+        if self.plain and echo:
             print(text, flush=True)
 
     def round(self, row: dict[str, Any]) -> None:
@@ -159,14 +159,16 @@ class Reporter:
         for t in self.trackers:
             t.log(row)
 
-    def close(self, message: str | None = None) -> None:
+    def close(self, message: str | None = None, echo: bool = True) -> None:
+        """End the run's report with ``message``; ``echo=False`` writes it to run.log only
+        (a run that stops raises an error whose sentence the caller shows once)."""
         if self.log_file.closed:
             return
         if self.bar is not None:
             self.bar[0].stop()
             self.bar = None
         if message:
-            self.message(message)
+            self.message(message, echo)
         for t in self.trackers:
             t.close()
         self.trackers = []
