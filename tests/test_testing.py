@@ -193,3 +193,39 @@ def test_every_registered_algorithm_declares_its_four_records():
             members = typing.get_args(record) or (record,)
             assert all(typing.is_typeddict(m) for m in members), f"{name}.{kind}: {record}"
     assert ALGORITHMS["fedavg"].upload is WeightsUpload
+
+
+def _documented(code: str) -> dict:
+    """Run a documented example as written; its names afterwards."""
+    names: dict = {}
+    exec(compile(code, "<documented example>", "exec"), names)
+    return names
+
+
+def _sample_weighted(new: dict, uploads: dict, counts: tuple[int, int]) -> None:
+    u0, u1 = uploads[0]["weights"], uploads[1]["weights"]
+    assert set(new) == set(u0)
+    for key, value in new.items():
+        want = (counts[0] * u0[key] + counts[1] * u1[key]) / sum(counts)
+        assert torch.allclose(value, want, atol=1e-7), key
+
+
+def test_the_documented_fedavg_rounds_run_as_written_and_average_by_samples():
+    """docs/guide.md's "Testing an algorithm on toy tensors" and this module's docstring run as
+    written, and their server weights are the sample-weighted means their comments state."""
+    import re
+    import textwrap
+    from pathlib import Path
+
+    import pflkit.testing
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    section = guide.split("### Testing an algorithm on toy tensors", 1)[1]
+    names = _documented(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    _sample_weighted(names["new"], names["uploads"], (1, 3))
+
+    example = pflkit.testing.__doc__.split("One FedAvg round::\n\n", 1)[1].split("\n\n")[0]
+    imports = "from pflkit.algorithms import ServerContext, build_algorithm\n"
+    imports += "from pflkit.testing import round_ctx, toy_envs\n"
+    names = _documented(imports + textwrap.dedent(example))
+    _sample_weighted(names["new"]["weights"], names["uploads"], (3, 5))
