@@ -76,3 +76,12 @@ def test_all_four_registries_are_one_type_with_one_error(registry, kind, typo, c
     name = next(iter(registry))
     with pytest.raises(PflkitError, match=f"a {kind} named '{name}' is already registered"):
         registry.add(type("Other", (), {"name": name, "description": "x"}))
+
+
+def test_the_readme_counts_the_registered_algorithms():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    shipped = [a for a in ALGORITHMS.values() if a.__module__.startswith("pflkit.")]
+    assert int(re.search(r"Status: (\d+) algorithms", readme).group(1)) == len(shipped)
