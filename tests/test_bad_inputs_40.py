@@ -70,6 +70,7 @@ def copy_run(finished: Path, name: str, to: Path) -> Path:
         ("a-s0/summary.json", "{}", "'cmp/a-s0/summary.json' lacks 'comm'"),
         ("a-s0/config.yaml", "a: [", "the run config 'cmp/a-s0/config.yaml' is not valid YAML"),
         ("a-s0/config.yaml", "- 1\n", "'cmp/a-s0/config.yaml' is not a mapping"),
+        ("a-s0/config.yaml", "", "the run config 'cmp/a-s0/config.yaml' is empty (no settings, or only comments): it is damaged"),
     ],
 )  # fmt: skip
 def test_report_of_a_damaged_file_is_one_sentence(cli, finished, tmp_path, file, text, message):

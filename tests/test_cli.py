@@ -180,6 +180,25 @@ def test_unreadable_and_invalid_config_files(cli, tmp_path):
     (tmp_path / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
     r = cli("run", "latin1.yaml", cwd=tmp_path)
     assert r.returncode == 2 and "is not UTF-8 text" in r.stderr and "Traceback" not in r.stderr
+    for text in ("", "# only a comment\n"):  # runs nothing: an empty file is not every default
+        (tmp_path / "empty.yaml").write_text(text)
+        r = cli("run", "empty.yaml", "--out", "e", cwd=tmp_path)
+        assert r.returncode == 2 and "config file 'empty.yaml' is empty" in r.stderr
+        assert "'{}' for every default" in r.stderr and not (tmp_path / "e").exists()
+
+
+def test_a_resume_whose_config_yaml_was_emptied_is_refused_and_changes_nothing(cli, tmp_path):
+    """Before, the empty file read as every default, and the resume wrote those defaults over
+    it before the checkpoint's fingerprint refused them."""
+    raw = tiny_config(train={"rounds": 2}, output={"checkpoint_every": 1})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    assert cli("run", "c.yaml", "--out", "r", cwd=tmp_path).returncode == 0
+    (tmp_path / "r" / "config.yaml").write_text("")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir() if p.is_file()}
+    r = cli("run", "--resume", "r", "--set", "train.rounds=3", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "the run config 'r/config.yaml' is empty" in r.stderr and "damaged" in r.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir() if p.is_file()} == before
 
 
 def test_yaml_reads_1e_minus_1_as_a_number(tmp_path):

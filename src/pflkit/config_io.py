@@ -170,9 +170,10 @@ def parse_value(text: str, what: str = "--set") -> Any:
         return text
 
 
-def config_text(text: str, what: str) -> dict[str, Any]:
+def config_text(text: str, what: str, written: bool = False) -> dict[str, Any]:
     """The config mapping of the YAML ``text`` (``what`` names it in an error, e.g. "config
-    file 'x.yaml'"), within :data:`LIMITS`; every problem is one sentence."""
+    file 'x.yaml'"), within :data:`LIMITS`; every problem is one sentence. ``written``: pflkit
+    wrote it (a run's config.yaml, a compare's manifest), so an empty one is damage."""
     most = limit("bytes")
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > most:
@@ -189,8 +190,13 @@ def config_text(text: str, what: str) -> dict[str, Any]:
             raise PflkitError(f"{what} is refused{at}: {err.problem}") from None
         problem = getattr(err, "problem", None) or "fix the syntax"
         raise PflkitError(f"{what} is not valid YAML{at}: {problem}") from None
-    if raw is None:
-        return {}
+    if raw is None:  # an empty file (a slip, or a cut write) must not run every default
+        fix = (
+            "it is damaged; restore it, or rerun what wrote it"
+            if written
+            else "give the settings it changes, e.g. 'train: {rounds: 5}', or '{}' for every default"
+        )
+        raise PflkitError(f"{what} is empty (no settings, or only comments): {fix}")
     if not isinstance(raw, dict):
         raise PflkitError(
             f"{what} is not a mapping: a config must be a mapping of sections, not a "
@@ -263,7 +269,7 @@ _KINDS = (
 )
 
 
-def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+def read_yaml(path: str | Path, what: str = "config file", written: bool = False) -> dict[str, Any]:
     """The config mapping of the YAML file ``path`` (``what`` it is, in an error): a regular
     file of at most ``limit("bytes")`` bytes (checked before it is read: a folder, a pipe or a
     device such as /dev/zero is refused at once, and so is a large file), within
@@ -296,4 +302,4 @@ def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise PflkitError(f"{what} is not UTF-8 text: save it as UTF-8") from None
-    return config_text(text, what)
+    return config_text(text, what, written)

@@ -110,7 +110,7 @@ def _claim(out: Path, cfg: ExperimentConfig) -> None:
     manifest = out / MANIFEST
     if manifest.exists():
         changed = cfg.model_dump(mode="json", exclude_defaults=True)
-        if _differs(read_yaml(manifest, "compare manifest"), identity, changed):
+        if _differs(read_yaml(manifest, "compare manifest", written=True), identity, changed):
             raise PflkitError(
                 f"compare folder '{out}' holds a compare of another config (only engine, "
                 "output, threads and compare may change when continuing one): choose another --out"

@@ -170,12 +170,12 @@ def _read_config(path: Path | Tree) -> dict[str, Any]:
     from pflkit.config_io import config_text, read_yaml
 
     if isinstance(path, Path):
-        return read_yaml(path, "the run config")
+        return read_yaml(path, "the run config", written=True)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, KeyError, UnicodeDecodeError) as err:
         raise PflkitError(f"cannot read the run config '{path}' ({err}): restore it") from None
-    return config_text(text, f"the run config '{path}'")
+    return config_text(text, f"the run config '{path}'", written=True)
 
 
 def _first_line(err: BaseException) -> str:
