@@ -187,17 +187,29 @@ def test_unreadable_and_invalid_config_files(cli, tmp_path):
         assert "'{}' for every default" in r.stderr and not (tmp_path / "e").exists()
 
 
-def test_a_resume_whose_config_yaml_was_emptied_is_refused_and_changes_nothing(cli, tmp_path):
-    """Before, the empty file read as every default, and the resume wrote those defaults over
-    it before the checkpoint's fingerprint refused them."""
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ("emptied", "the run config 'r/config.yaml' is empty (no settings, or only comments): "
+         "it is damaged"),
+        ("lr", "the checkpoint 'r/checkpoints/latest.pt' belongs to another configuration"),
+    ],
+)  # fmt: skip
+def test_a_refused_resume_changes_nothing_in_the_folder(cli, tmp_path, edit, message):
+    """A config.yaml emptied, or edited by hand so that the checkpoint refuses it: one
+    sentence, and every file as it was. Before, the emptied file read as every default, and a
+    resume wrote its config (with the --set) over config.yaml before the checkpoint refused."""
     raw = tiny_config(train={"rounds": 2}, output={"checkpoint_every": 1})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
     assert cli("run", "c.yaml", "--out", "r", cwd=tmp_path).returncode == 0
-    (tmp_path / "r" / "config.yaml").write_text("")
+    config = tmp_path / "r" / "config.yaml"
+    config.write_text(
+        "" if edit == "emptied" else config.read_text().replace("lr: 0.05", "lr: 0.07")
+    )
     before = {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir() if p.is_file()}
     r = cli("run", "--resume", "r", "--set", "train.rounds=3", cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "the run config 'r/config.yaml' is empty" in r.stderr and "damaged" in r.stderr
+    assert message in r.stderr
     assert {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir() if p.is_file()} == before
 
 

@@ -334,13 +334,14 @@ def _run_locked(
     metrics_path = run_dir / "metrics.jsonl"
     fp = fingerprint(cfg, sim.data.partition_id)
     rows: list[dict[str, Any]] = []
-    write_atomic(run_dir / "config.yaml", cfg.to_yaml())  # first: it makes the folder resumable
-    if resume and (run_dir / CHECKPOINT).exists():
+    restored = resume and (run_dir / CHECKPOINT).exists()
+    if restored:  # first: a checkpoint of another config is refused before anything is written
         sim.restore(
             run_dir / CHECKPOINT, (fp, fingerprint(cfg, sim.data.partition_id, legacy=True))
         )
         rows = keep_rows(metrics_path, sim.round)
-    else:
+    write_atomic(run_dir / "config.yaml", cfg.to_yaml())  # it makes the folder resumable
+    if not restored:
         sim.restore(None)  # a run started again: no state file of an earlier attempt counts
         if resume:
             print(
