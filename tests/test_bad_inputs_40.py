@@ -453,4 +453,24 @@ def test_python_api_misuse_is_one_sentence_and_a_dict_is_a_config(tmp_path):
         run_experiment(cfg, resume=tmp_path / "run")
     with pytest.raises(PflkitError, match="drop cfg and out"):
         run_experiment(out=tmp_path / "other", resume=tmp_path / "run")
+    # a path, an example's name or a dict where a loaded config belongs (AttributeError before)
+    from pflkit import run_compare, run_sweep
+    from pflkit.engine.simulation import Simulation
+
+    for call, where, value in [
+        (lambda v: run_experiment(v, out=tmp_path / "x"), "run_experiment", "quickstart_digits"),
+        (lambda v: run_compare(v, tmp_path / "x"), "run_compare", tmp_path / "c.yaml"),
+        (lambda v: run_sweep(v, tmp_path / "x"), "run_sweep", raw),
+        (lambda v: Simulation(v), "Simulation", "c.yaml"),
+    ]:
+        how = "load_config(...)" if value is raw else f"load_config('{value}')"
+        with pytest.raises(PflkitError) as err:
+            call(value)
+        assert str(err.value) == (
+            f"{where} takes a config (an ExperimentConfig), got {type(value).__name__}: pass "
+            f"{how}, which reads a file, an example's name or a dict"
+        )
+    for value in (["quickstart"], 3):
+        with pytest.raises(PflkitError, match="^load_config takes a config file's path, an "):
+            load_config(value)  # type: ignore[arg-type]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing half-written

@@ -16,6 +16,7 @@ fill in every default. Validation errors are turned into one :class:`PflkitError
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Any, Literal
 
@@ -457,6 +458,18 @@ class ExperimentConfig(_Section):
     def to_yaml(self) -> str:
         """The resolved config as YAML (what a run folder's config.yaml holds)."""
         return yaml.safe_dump(self.dump(), sort_keys=False)
+
+
+def need_config(value: Any, where: str) -> ExperimentConfig:
+    """``value`` if it is an :class:`ExperimentConfig`, else one sentence: ``where`` (the API
+    function) takes a loaded config, not the path, name or dict ``load_config`` reads."""
+    if isinstance(value, ExperimentConfig):
+        return value
+    how = f"load_config('{value}')" if isinstance(value, str | os.PathLike) else "load_config(...)"
+    raise PflkitError(
+        f"{where} takes a config (an ExperimentConfig), got {type(value).__name__}: "
+        f"pass {how}, which reads a file, an example's name or a dict"
+    )
 
 
 _UNION_TAGS = ("str", "int", "float", "bool", "ArchSpec")

@@ -11,6 +11,7 @@ processes, Flower's apps) gets the same checks in the same order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,11 @@ def load_config(
         )
     if isinstance(path, Mapping):
         raw = dict(path)  # apply_overrides copies it
+    elif path is not None and not isinstance(path, str | os.PathLike):
+        raise PflkitError(
+            "load_config takes a config file's path, an example's name or a dict, got "
+            f"{type(path).__name__}"
+        )
     else:
         raw = read_yaml(resolve(path)) if path is not None else {}
     raw = apply_overrides(raw, overrides or [])

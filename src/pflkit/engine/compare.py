@@ -44,7 +44,7 @@ from typing import Any, TypeGuard, cast
 import yaml
 
 from pflkit.algorithms.base import resolve_params
-from pflkit.config import ExperimentConfig
+from pflkit.config import ExperimentConfig, need_config
 from pflkit.config_io import apply_overrides, read_yaml
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.engine.clients import child_signals_blocked
@@ -422,7 +422,7 @@ def run_compare(
     (:mod:`pflkit.engine.limits`) finds past this machine. ``skip_corrupt``: a finished run
     whose metrics.jsonl has corrupt lines is reported without them (named in the footnote)
     instead of refused."""
-    out = Path(out)
+    cfg, out = need_config(cfg, "run_compare"), Path(out)
     if jobs < 1:
         raise PflkitError(f"jobs must be at least 1 (got {jobs}): pass --jobs 1 or more")
     plan = compare_plan(cfg) if plan is None else plan
@@ -483,6 +483,7 @@ def run_sweep(
 ) -> dict[str, Any]:
     """``pflkit sweep``: every point of ``cfg.sweep.grid`` for each algorithm over
     ``compare.seeds`` (:func:`sweep_plan`), reported with ``cfg.sweep``'s options."""
+    cfg = need_config(cfg, "run_sweep")
     sw, plan = cfg.sweep, sweep_plan(cfg)
     if sw.select == "val" and cfg.data.val_fraction == 0:
         raise PflkitError(

@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pflkit.config import ExperimentConfig, TrainConfig
+from pflkit.config import ExperimentConfig, TrainConfig, need_config
 from pflkit.config_io import apply_overrides, read_yaml
 from pflkit.data.federated import FederatedDataset
 from pflkit.devices import resolve_device
@@ -208,6 +208,7 @@ def run_experiment(
     else:
         if cfg is None:
             raise PflkitError("run_experiment needs a config (load_config) or resume=RUN_FOLDER")
+        cfg = need_config(cfg, "run_experiment")
         if overrides:
             raise PflkitError(
                 "run_experiment(cfg) takes no overrides (they are for resume=): apply them "

@@ -43,7 +43,7 @@ import torch
 from pflkit.algorithms.base import State, Upload, nbytes
 from pflkit.algorithms.context import ServerContext
 from pflkit.algorithms.env import given
-from pflkit.config import ExperimentConfig
+from pflkit.config import ExperimentConfig, need_config
 from pflkit.data.federated import FederatedDataset, build_federated
 from pflkit.devices import resolve_device
 from pflkit.engine import ray_runner, vectorized, worker  # noqa: F401 ray_runner: its entry
@@ -138,7 +138,7 @@ class Simulation:
         state_dir: Path | None = None,
         force: bool = False,
     ):
-        self.cfg = cfg
+        self.cfg = cfg = need_config(cfg, "Simulation")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         algorithm_of(cfg)  # parsed once (validate did); bad parameters fail before the data load
