@@ -474,3 +474,17 @@ def test_python_api_misuse_is_one_sentence_and_a_dict_is_a_config(tmp_path):
         with pytest.raises(PflkitError, match="^load_config takes a config file's path, an "):
             load_config(value)  # type: ignore[arg-type]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing half-written
+
+
+def test_a_report_takes_a_list_of_folders_and_refuses_what_is_not_a_path(finished):
+    """``make_report(glob(...))``: a list stands for its folders (a TypeError before), and
+    a value that is no path is one sentence."""
+    from pflkit import load_runs, make_report
+
+    one_by_one = make_report(finished / "plain", finished / "ckpt").markdown()
+    assert make_report([finished / "plain", str(finished / "ckpt")]).markdown() == one_by_one
+    assert make_report((finished / "plain",), finished / "ckpt").markdown() == one_by_one
+    for call in (make_report, load_runs):
+        with pytest.raises(PflkitError, match=r"^runs are read from folders given as paths, got "
+                           r"int 3: pass run, compare or sweep folders$"):  # fmt: skip
+            call(finished / "plain", 3)

@@ -20,6 +20,7 @@ Command line (what ``benchmarks/keep_runs.sh`` and ``compare_kept.sh`` call)::
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -40,6 +41,11 @@ def tree(path: str | Path | zipfile.Path) -> Tree:
     instead (``results/x`` for ``results/x.zip``), anything else unchanged."""
     if isinstance(path, zipfile.Path):
         return path
+    if not isinstance(path, str | os.PathLike):
+        raise PflkitError(
+            f"runs are read from folders given as paths, got {type(path).__name__} {path!r}: "
+            "pass run, compare or sweep folders"
+        )
     path = Path(path)
     packed = path if path.suffix == SUFFIX else path.with_name(path.name + SUFFIX)
     if packed.is_file() and (packed == path or not path.exists()):

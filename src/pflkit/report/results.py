@@ -35,6 +35,7 @@ import io
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -262,15 +263,17 @@ def load_run(
 
 
 def find_settings(
-    paths: list[str | Path], skip_corrupt: bool = False
+    paths: Sequence[str | Path | Sequence[str | Path]], skip_corrupt: bool = False
 ) -> tuple[list[Setting], dict[str, Any]]:
     """The settings of ``paths`` (run folders, or compare / sweep folders, read through their
     plan, or run archives: :mod:`pflkit.report.archive`) in order, with the options of the
     last plan read (``{}`` if none). A run whose metrics.jsonl is corrupt is refused, or with
-    ``skip_corrupt`` read without the corrupt lines (:func:`load_run`)."""
+    ``skip_corrupt`` read without the corrupt lines (:func:`load_run`). A list or tuple among
+    ``paths`` (``make_report(glob(...))``) stands for its items."""
     runs: list[Run] = []
     options: dict[str, Any] = {}
-    for path in map(tree, paths):
+    flat: list[Any] = [p for i in paths for p in (i if isinstance(i, list | tuple) else [i])]
+    for path in map(tree, flat):
         if (path / PLAN).is_file():
             planned, options = _read_plan(path / PLAN)
             for label, folders in planned:
@@ -744,20 +747,24 @@ def _head(settings: list[Setting], at: At, metric: str) -> str:
     )
 
 
-def make_report(*paths: str | Path, skip_corrupt: bool = False, **options: str | None) -> Report:
-    """The report of ``paths`` (run folders, compare / sweep folders): a compare or sweep
-    folder's own options (``plan.json``), overridden by the ``options`` given (``at``,
-    ``metric``, ``select``; None keeps the plan's). ``skip_corrupt``: corrupt metrics lines
+def make_report(
+    *paths: str | Path | Sequence[str | Path], skip_corrupt: bool = False, **options: str | None
+) -> Report:
+    """The report of ``paths`` (run folders, compare / sweep folders, or lists of them): a
+    compare or sweep folder's own options (``plan.json``), overridden by the ``options`` given
+    (``at``, ``metric``, ``select``; None keeps the plan's). ``skip_corrupt``: corrupt metrics lines
     are left out and named in a footnote instead of refused (:func:`find_settings`)."""
     settings, planned = find_settings(list(paths), skip_corrupt)
     given = {k: v for k, v in options.items() if v is not None}  # "" is refused, not ignored
     return build_report(settings, **(planned | given))
 
 
-def load_runs(*paths: str | Path, per_round: bool = False, skip_corrupt: bool = False) -> Any:
-    """A pandas DataFrame of finished runs (run folders or compare / sweep folders): one row
-    per run with :func:`run_numbers`' columns, or with ``per_round`` one row per run and
-    metrics row (``skip_corrupt``: see :func:`find_settings`). Needs pandas (``pip install
+def load_runs(
+    *paths: str | Path | Sequence[str | Path], per_round: bool = False, skip_corrupt: bool = False
+) -> Any:
+    """A pandas DataFrame of finished runs (run folders or compare / sweep folders, or lists of
+    them): one row per run with :func:`run_numbers`' columns, or with ``per_round`` one row per
+    run and metrics row (``skip_corrupt``: see :func:`find_settings`). Needs pandas (``pip install
     'pflkit[report]'``)."""
     try:
         import pandas as pd
