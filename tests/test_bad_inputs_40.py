@@ -470,6 +470,8 @@ def test_python_api_misuse_is_one_sentence_and_a_dict_is_a_config(tmp_path):
             f"{where} takes a config (an ExperimentConfig), got {type(value).__name__}: pass "
             f"{how}, which reads a file, an example's name or a dict"
         )
+    with pytest.raises(PflkitError, match=r"^invalid --set 3: give key=value strings, e\.g\. "):
+        load_config(raw, [3])  # type: ignore[list-item]
     for value in (["quickstart"], 3):
         with pytest.raises(PflkitError, match="^load_config takes a config file's path, an "):
             load_config(value)  # type: ignore[arg-type]

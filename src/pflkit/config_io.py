@@ -209,6 +209,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     """Apply ``key.sub=value`` overrides to a raw config dict (returns a new dict)."""
     raw = copy.deepcopy(raw)
     for item in overrides:
+        if not isinstance(item, str):
+            raise PflkitError(
+                f"invalid --set {item!r}: give key=value strings, e.g. 'train.rounds=5'"
+            )
         key, sep, value = item.partition("=")
         _short_enough(item, "--set")  # before it is shown in a sentence
         if not sep or not key:
