@@ -118,11 +118,8 @@ def resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
         raise PflkitError(
             f"'{run_dir}' is not a pflkit run folder (no config.yaml): check the path"
         )
-    return validate(
-        apply_overrides(
-            read_yaml(run_dir / "config.yaml", "the run config", written=True), overrides
-        )
-    )
+    raw = read_yaml(run_dir / "config.yaml", "the run config", written=True)
+    return validate(apply_overrides(raw, overrides))
 
 
 def load_finished(run_dir: Path) -> Simulation:
