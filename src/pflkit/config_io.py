@@ -194,7 +194,8 @@ def config_text(text: str, what: str, written: bool = False) -> dict[str, Any]:
         fix = (
             "it is damaged; restore it, or rerun what wrote it"
             if written
-            else "give the settings it changes, e.g. 'train: {rounds: 5}', or '{}' for every default"
+            else "give the settings it changes, e.g. 'train: {rounds: 5}', "
+            "or '{}' for every default"
         )
         raise PflkitError(f"{what} is empty (no settings, or only comments): {fix}")
     if not isinstance(raw, dict):

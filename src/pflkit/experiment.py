@@ -101,13 +101,15 @@ def load_config(
         )
     if isinstance(path, Mapping):
         raw = dict(path)  # apply_overrides copies it
-    elif path is not None and not isinstance(path, str | os.PathLike):
+    elif path is None:
+        raw = {}
+    elif isinstance(path, str | os.PathLike):
+        raw = read_yaml(resolve(path))
+    else:
         raise PflkitError(
             "load_config takes a config file's path, an example's name or a dict, got "
             f"{type(path).__name__}"
         )
-    else:
-        raw = read_yaml(resolve(path)) if path is not None else {}
     raw = apply_overrides(raw, overrides or [])
     if algorithms:
         raw = select_algorithms(raw, algorithms)

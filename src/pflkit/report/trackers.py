@@ -143,11 +143,7 @@ class Reporter:
             print(text, flush=True)
 
     def round(self, row: dict[str, Any]) -> None:
-        line = round_line(row, self.total)
-        self.log_file.write(f"{datetime.now():%Y-%m-%d %H:%M:%S} {line}\n")
-        self.log_file.flush()
-        if self.plain:
-            print(line, flush=True)
+        self.message(round_line(row, self.total))
         if self.bar is not None:
             progress, task = self.bar
             info = " ".join(
